@@ -1,0 +1,1 @@
+"""Pieces shared by the op families: validation, chunking, varlen layout, state scan, dispatch."""

@@ -1,0 +1,49 @@
+"""The gated delta rule, token by token in float32: the definition every other path is tested against.
+
+  S_t = exp(g_t) S_{t-1}                (g_t [B, T, H] scalar; [B, T, H, K] per channel for KDA)
+  u_t = beta_t (v_t - S_t^T k_t)
+  S_t = S_t + k_t u_t^T
+  o_t = S_t^T (scale q_t)
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.common.scan import scan_with_resets
+from pallas_kernels.common.varlen import token_segments
+
+F32 = jnp.float32
+HI = lax.Precision.HIGHEST
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None):
+  """Returns (o [B, T, H, V] float32, final_state [N, H, K, V] float32)."""
+  B, T, H, K = q.shape
+  V = v.shape[-1]
+  q, k, v, beta = (x.astype(F32) for x in (q, k, v, beta))
+  g = jnp.zeros((B, T, H), F32) if g is None else g.astype(F32)
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
+
+  def step(S, x):
+    q_t, k_t, v_t, g_t, b_t = x
+    decay = jnp.exp(g_t)[..., None] if g_t.ndim == 2 else jnp.exp(g_t)  # [B, H, 1 or K]
+    S = S * decay[..., None]
+    u = b_t[..., None] * (v_t - jnp.einsum("bhkv,bhk->bhv", S, k_t, precision=HI))
+    S = S + k_t[..., :, None] * u[..., None, :]
+    return S, jnp.einsum("bhkv,bhk->bhv", S, q_t * scale, precision=HI)
+
+  time_major = lambda x: jnp.moveaxis(x, 1, 0)
+  segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
+  S, o = scan_with_resets(step, h0, tuple(map(time_major, (q, k, v, g, beta))), segments)
+  return jnp.moveaxis(o, 0, 1), S
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None):
+  o, S = gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          cu_seqlens=cu_seqlens)
+  return o.astype(q.dtype), S
+
+
+chunk_gated_delta_rule = fused_recurrent_gated_delta_rule

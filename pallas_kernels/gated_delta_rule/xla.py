@@ -1,0 +1,78 @@
+"""Chunked gated delta rule in pure JAX (any platform; differentiable by autodiff).
+
+Per chunk of C tokens (chunk-local gate cumsum G, scalar or per channel), the WY/UT form turns the
+C sequential rank-1 updates into matmuls:
+  A    = strict_lower(beta_i k_i . k_j exp(G_i - G_j))           (decayed key scores)
+  T    = (I + A)^-1                                              (float32, unit lower triangular)
+  w    = T (beta k exp(G)),   u = T (beta v)
+then one sequential pass over chunks with the state S (float32) at each chunk start:
+  v'   = u - w S
+  o    = (scale q exp(G)) S + lower(scale q_i . k_j exp(G_i - G_j)) v'
+  S    = exp(G_C) S + (k exp(G_C - G))^T v'
+The same code runs the delta rule (no gate) and KDA (per-channel gate, `g` [B, T, H, K]).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels.common import varlen
+from pallas_kernels.common.chunk import (F32, chunk_local_cumsum, from_chunks, gated_scores, mm,
+                                         to_chunks, unit_lower_inverse)
+from pallas_kernels.common.scan import scan_with_resets
+from pallas_kernels.gated_delta_rule.reference import fused_recurrent_gated_delta_rule  # noqa: F401
+
+CHUNK = 64
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
+                           chunk_size: int = CHUNK):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K]; beta [B, T, H].
+
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
+  """
+  B, T, H, K = q.shape
+  V, dt, C = v.shape[-1], q.dtype, chunk_size
+  g = jnp.zeros((B, T, H, 1), F32) if g is None else g.astype(F32)
+  g = g[..., None] if g.ndim == 3 else g
+  beta = beta.astype(F32)[..., None]
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
+
+  # Pad (and for varlen re-pack chunk-aligned) with tokens that leave the state unchanged.
+  layout = None
+  if cu_seqlens is not None:
+    layout = varlen.chunk_layout(cu_seqlens, T, C)
+    q, k, v, g, beta = (varlen.pack(x, layout) for x in (q, k, v, g, beta))
+  elif T % C:
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, -T % C)] + [(0, 0)] * (x.ndim - 2))
+    q, k, v, g, beta = map(pad, (q, k, v, g, beta))
+  q, k, v, g, beta = (to_chunks(x, C) for x in (q, k, v, g, beta))  # [B, H, N, C, .]
+
+  G = chunk_local_cumsum(jnp.moveaxis(g, -1, -2))
+  G = jnp.moveaxis(G, -2, -1)                                         # [B, H, N, C, K or 1]
+  kb = k.astype(F32) * beta
+  A = gated_scores(kb, k, G, dt, strict=True)
+  Tinv = unit_lower_inverse(A)
+  w = mm("...ij,...jk->...ik", Tinv, kb * jnp.exp(G), F32).astype(dt)
+  u = mm("...ij,...jv->...iv", Tinv, v.astype(F32) * beta, F32).astype(dt)
+  Aqk = gated_scores(q, k, G, dt) * scale
+  G_last = G[..., -1:, :]                                             # [B, H, N, 1, K or 1]
+  k_out = (k.astype(F32) * jnp.exp(G_last - G)).astype(dt)
+  decay_last = jnp.swapaxes(jnp.exp(G_last), -1, -2)                 # [B, H, N, K or 1, 1]
+
+  def step(S, x):                                                     # S [B, H, K, V]
+    w_c, u_c, k_c, d_c = x
+    v_new = u_c.astype(F32) - mm("bhck,bhkv->bhcv", w_c, S, dt)
+    S_next = S * d_c + mm("bhck,bhcv->bhkv", k_c, v_new, dt)
+    return S_next, (S, v_new)
+
+  chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
+  segments = None if layout is None else layout.segments
+  S, (S_in, v_new) = scan_with_resets(step, h0, tuple(map(chunk_major, (w, u, k_out, decay_last))),
+                                      segments)
+  S_in, v_new = jnp.moveaxis(S_in, 0, 2), jnp.moveaxis(v_new, 0, 2)  # [B, H, N, ...]
+  q_dec = q.astype(F32) * jnp.exp(G) * scale
+  o = mm("bhnck,bhnkv->bhncv", q_dec, S_in, dt) + mm("bhnij,bhnjv->bhniv", Aqk, v_new, dt)
+  o = from_chunks(o.astype(dt))
+  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
+  return o, S

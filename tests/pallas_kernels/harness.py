@@ -1,0 +1,192 @@
+"""The correctness harness every op family (and every backend) is tested with.
+
+An `OpCase` says how to draw inputs for one family; `check_op` runs a backend of the public op and the
+float32 reference on the same inputs (bf16 inputs upcast, so input rounding is not counted), and
+compares the output, the final state and the gradients of every input and of the initial state by
+relative RMS error with the tolerances of DESIGN.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+F32 = jnp.float32
+tree_map = jax.tree_util.tree_map
+
+# Shape matrix of the foundation issue, covered pairwise: every T with both dtypes, and H, K, V
+# cycling so each value of each appears with several T.
+TS = (1, 15, 63, 64, 65, 300)
+HKV = ((1, 16, 16), (3, 64, 100), (1, 100, 64), (3, 16, 64), (1, 64, 16), (3, 100, 100))
+DTYPES = ("float32", "bfloat16")
+SHAPE_CASES = [(T, *HKV[(i + j) % len(HKV)], dt) for i, T in enumerate(TS) for j, dt in enumerate(DTYPES)]
+
+
+def tolerance(dtype, what: str) -> float:
+  """DESIGN.md: float32 < 1e-4 everywhere; bf16 o/state < 5e-3, grads < 1.5e-2, gate grads < 2e-2."""
+  if jnp.dtype(dtype) == jnp.float32:
+    return 1e-4
+  return {"out": 5e-3, "grad": 1.5e-2, "gate_grad": 2e-2}[what]
+
+
+def rel_rms(x, ref) -> float:
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  den = np.linalg.norm(ref.ravel())
+  return float(np.linalg.norm((x - ref).ravel()) / max(den, 1e-30))
+
+
+# Inputs are drawn with numpy (no per-shape XLA compiles for the random draws) and handed over as
+# float32 jax arrays.
+def normal(rng: np.random.Generator, *shape, scale=1.0, shift=0.0):
+  return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale + shift)
+
+
+def log_sigmoid(x):
+  return jnp.asarray(-np.logaddexp(0.0, -np.asarray(x, np.float64)), F32)
+
+
+def sigmoid(x):
+  return jnp.asarray(1.0 / (1.0 + np.exp(-np.asarray(x, np.float64))), F32)
+
+
+def unit(x):
+  x = np.asarray(x)
+  return jnp.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True), F32)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+  """One op family. `make_inputs(rng, B, T, H, K, V)` returns the op's positional inputs (float32) as
+  an ordered dict; `make_state(rng, N, H, K, V)` an initial state (pytree of float32 arrays); `rng` is
+  a numpy Generator."""
+  name: str
+  chunk: Callable
+  fused_recurrent: Callable
+  make_inputs: Callable
+  make_state: Callable
+  gates: tuple = ()              # names of gate inputs (gate-gradient tolerance)
+  float_inputs: tuple | None = None  # inputs cast to the test dtype (default: all but the gates)
+  state_grad: bool = True        # whether the final state gets a cotangent / initial state a grad
+  static_inputs: tuple = ()      # inputs without a time axis (e.g. RWKV-6's u [H, K])
+
+  def cast(self, inputs, dtype):
+    names = self.float_inputs if self.float_inputs is not None else tuple(n for n in inputs if n not in self.gates)
+    return {n: x.astype(dtype) if n in names else x for n, x in inputs.items()}
+
+
+def seed_of(*parts) -> int:
+  return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def random_cu_seqlens(rng, T: int, n: int):
+  """n sequences (one of them empty when n > 2) packed into T tokens."""
+  cuts = np.sort(rng.choice(np.arange(1, T), n - 1, replace=False))
+  cu = np.concatenate([[0], cuts, [T]]).astype(np.int32)
+  if n > 2:
+    cu = np.insert(cu, 2, cu[1])  # an empty sequence
+  return jnp.asarray(cu)
+
+
+def run_op(case: OpCase, fn, inputs, state, cotangents, cu_seqlens, **kw):
+  """(o, final_state) and the gradients of sum(o * do) + sum(S * dS) w.r.t. inputs and state."""
+  names = list(inputs)  # jit sorts dict keys; keep the op's argument order
+
+  def loss(inputs, state):
+    o, S = fn(*(inputs[n] for n in names), initial_state=state, output_final_state=True, cu_seqlens=cu_seqlens, **kw)
+    do, dS = cotangents
+    val = jnp.sum(o.astype(F32) * do)
+    if case.state_grad:
+      val += sum(jnp.sum(s * c) for s, c in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(dS)))
+    return val, (o, S)
+  (_, (o, S)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(inputs, state)
+  return o, S, grads
+
+
+def check_op(case: OpCase, *, T, H, K, V, dtype, backend="xla", kind="chunk", B=2, varlen=False,
+             interpret=False, seed=None):
+  """Asserts that `backend` matches the float32 reference on o, final state and every gradient."""
+  dtype = jnp.dtype(dtype)
+  rng = np.random.default_rng(seed if seed is not None else seed_of(case.name, T, H, K, V, str(dtype), backend, kind, varlen))
+  cu = None
+  if varlen:
+    B = 1
+    cu = random_cu_seqlens(rng, T, 4) if T >= 4 else jnp.array([0, T], jnp.int32)
+  N = B if cu is None else cu.shape[0] - 1
+  inputs = case.make_inputs(rng, B, T, H, K, V)
+  state = case.make_state(rng, N, H, K, V)
+  do = normal(rng, B, T, H, V)
+  dS = tree_map(lambda s: normal(rng, *s.shape), state)  # the final state has the initial state's shape
+  o_ref, S_ref, g_ref = run_op(case, getattr(case, kind), case.cast(inputs, F32), state, (do, dS), cu,
+                               backend="reference")
+  fn_kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
+  o, S, grads = run_op(case, getattr(case, kind), case.cast(inputs, dtype), state, (do, dS), cu, **fn_kw)
+
+  errors = {"o": (rel_rms(o, o_ref), tolerance(dtype, "out"))}
+  assert o.dtype == dtype, f"o has dtype {o.dtype}, expected the input dtype {dtype}"
+  for i, (s, r) in enumerate(zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_ref))):
+    errors[f"final_state[{i}]"] = (rel_rms(s, r), tolerance(dtype, "out"))
+  g_in, g_state = grads
+  _, g_state_ref = g_ref
+  for name in inputs:
+    what = "gate_grad" if name in case.gates else "grad"
+    errors[f"d{name}"] = (rel_rms(g_in[name], g_ref[0][name]), tolerance(dtype, what))
+  if case.state_grad:
+    for i, (s, r) in enumerate(zip(jax.tree_util.tree_leaves(g_state), jax.tree_util.tree_leaves(g_state_ref))):
+      errors[f"d_initial_state[{i}]"] = (rel_rms(s, r), tolerance(dtype, "grad"))
+  bad = {n: e for n, e in errors.items() if not e[0] < e[1]}  # NaN fails too
+  assert not bad, f"{case.name}/{backend}/{kind} T={T} H={H} K={K} V={V} {dtype}: {bad}"
+  return errors
+
+
+def check_decode_continuation(case: OpCase, *, T=100, split=70, H=2, K=32, V=32, dtype="float32",
+                              backend="xla", interpret=False):
+  """The decode contract: chunk on a prefix, then fused_recurrent token by token from its final
+  state, equals one long run."""
+  rng = np.random.default_rng(seed_of(case.name, "decode", backend))
+  inputs = case.cast(case.make_inputs(rng, 2, T, H, K, V), jnp.dtype(dtype))
+  state = case.make_state(rng, 2, H, K, V)
+  kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
+  o_full, S_full = case.chunk(*inputs.values(), initial_state=state, output_final_state=True, **kw)
+  head = {n: x if n in case.static_inputs else x[:, :split] for n, x in inputs.items()}
+  o_head, S = case.chunk(*head.values(), initial_state=state, output_final_state=True, **kw)
+  outs = [o_head]
+  step = jax.jit(lambda xs, S: case.fused_recurrent(*xs, initial_state=S, output_final_state=True, **kw))
+  for t in range(split, T):
+    o_t, S = step(tuple(x if n in case.static_inputs else x[:, t:t + 1] for n, x in inputs.items()), S)
+    outs.append(o_t)
+  o_steps = jnp.concatenate(outs, axis=1)
+  tol = tolerance(dtype, "out")
+  assert rel_rms(o_steps, o_full) < tol, rel_rms(o_steps, o_full)
+  for a, b in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_full)):
+    assert rel_rms(a, b) < tol, rel_rms(a, b)
+
+
+def check_varlen_matches_loop(case: OpCase, *, T=200, H=2, K=32, V=32, backend="xla", interpret=False):
+  """Packed varlen equals running each sequence on its own with its own initial state."""
+  rng = np.random.default_rng(seed_of(case.name, "varlen-loop", backend))
+  cu = random_cu_seqlens(rng, T, 4)
+  N = cu.shape[0] - 1
+  inputs = case.make_inputs(rng, 1, T, H, K, V)
+  state = case.make_state(rng, N, H, K, V)
+  kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
+  o, S = jax.jit(lambda xs, s: case.chunk(*xs, initial_state=s, output_final_state=True, cu_seqlens=cu, **kw))(
+      tuple(inputs.values()), state)
+  cu_np = np.asarray(cu)
+  for n in range(N):
+    a, b = int(cu_np[n]), int(cu_np[n + 1])
+    s_n = tree_map(lambda s: s[n:n + 1], state)
+    if a == b:
+      for x, y in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(s_n)):
+        np.testing.assert_array_equal(x[n:n + 1], y)
+      continue
+    seq = {m: x if m in case.static_inputs else x[:, a:b] for m, x in inputs.items()}
+    o_n, S_n = jax.jit(lambda xs, s: case.chunk(*xs, initial_state=s, output_final_state=True, **kw))(
+        tuple(seq.values()), s_n)
+    assert rel_rms(o[:, a:b], o_n) < 1e-5
+    for x, y in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_n)):
+      assert rel_rms(x[n:n + 1], y) < 1e-5
+
