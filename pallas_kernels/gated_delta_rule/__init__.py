@@ -33,7 +33,8 @@ def _run(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_se
   g = checks.log_decay("g", g)
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
-  fn = dispatch.resolve("gated_delta_rule", kind, backend, interpret)
+  fn = dispatch.resolve("gated_delta_rule", kind, backend, interpret,
+                        supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(q, k, v, g))
   o, S = fn(q, k, v, g, beta, scale=K ** -0.5 if scale is None else scale,
             initial_state=initial_state, cu_seqlens=cu_seqlens)
   return o, S if output_final_state else None
