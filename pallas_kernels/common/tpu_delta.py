@@ -1,0 +1,233 @@
+"""Mosaic TPU kernels for the delta-rule class: gated delta rule (scalar gate), delta rule (no gate)
+and KDA (per-channel gate), forward and backward under one `jax.custom_vjp`.
+
+Grid (batch, head, chunk), dimension semantics ("parallel", "parallel", "arbitrary"). Per chunk of
+C tokens, with G the chunk-local gate cumsum (computed outside; [C, 1] or [C, K]):
+  A  = strict_lower(beta_i k_i . k_j exp(G_i - G_j)),  T = (I + A)^-1          (float32)
+  w  = T (beta k exp(G)),  u = T (beta v),  v' = u - w S
+  o  = scale (q exp(G)) S + lower(scale q_i . k_j exp(G_i - G_j)) v'
+  S <- exp(G_C) S + (k exp(G_C - G))^T v'
+The state S [K, V] lives in a float32 VMEM scratch carried across the chunk axis: loaded from the
+initial state where a sequence starts (chunk 0, or per `flags` with cu_seqlens), written to the
+final-state block of its sequence. With gradients, the forward also writes every chunk-start state
+[B, H, N, K, V] (float32); the backward kernel walks the chunks in reverse through its index maps,
+carrying dS in VMEM, recomputes the chunk's WY quantities and writes dq, dk, dv, dG, dbeta and the
+initial-state gradient. The gate-cumsum gradient dG becomes dg through autodiff of the cumsum.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.common import tpu_layout as tl
+from pallas_kernels.common.tpu_math import F32, Decay, causal, col_to_row, dot, row, row_to_col
+from pallas_kernels.common.tpu_math import unit_lower_inverse
+
+
+class _Static(NamedTuple):
+  N: int
+  C: int
+  scale: float
+  interpret: object
+
+
+class _Chunk(NamedTuple):
+  dec: Decay
+  kf: jnp.ndarray      # k in float32 [C, K]
+  kb: jnp.ndarray      # beta k [C, K]
+  eG: jnp.ndarray      # exp(G) [C, Kg]
+  Tinv: jnp.ndarray    # (I + A)^-1 [C, C]
+  w: jnp.ndarray       # [C, K] in the input dtype
+  u: jnp.ndarray       # [C, V] in the input dtype
+  Aqk: jnp.ndarray     # scaled causal q.k scores [C, C]
+  k_out: jnp.ndarray   # k exp(G_C - G) [C, K] float32
+  G_last: jnp.ndarray  # G_C [1, Kg]
+  gamma: jnp.ndarray   # exp(G_C) as a column [Kg, 1] (scales the rows of S)
+
+
+def _intra(q, k, v, G, beta, scale):
+  """The state-independent part of a chunk (shared by the forward and the backward kernel)."""
+  dt = q.dtype
+  dec = Decay(G, G, dt)
+  kf = k.astype(F32)
+  kb = kf * beta
+  Tinv = unit_lower_inverse(dec.scores(kb, k, strict=True))
+  eG = jnp.exp(G)
+  w = dot(Tinv, kb * eG, F32).astype(dt)
+  u = dot(Tinv, v.astype(F32) * beta, F32).astype(dt)
+  Aqk = dec.scores(q, k, strict=False) * scale
+  G_last = row(G, G.shape[0] - 1)
+  k_out = kf * jnp.exp(G_last - G)
+  return _Chunk(dec, kf, kb, eG, Tinv, w, u, Aqk, k_out, G_last, jnp.exp(row_to_col(G_last)))
+
+
+def _load(refs):
+  q_ref, k_ref, v_ref, g_ref, beta_ref = refs
+  return q_ref[...], k_ref[...], v_ref[...], g_ref[...], beta_ref[...]
+
+
+def _forward_kernel(st: _Static, with_states: bool, seq_ref, flags_ref, *refs):
+  del seq_ref
+  ins, (h0_ref, o_ref, final_ref), rest = refs[:5], refs[5:8], refs[8:]
+  states_ref, S_ref = rest if with_states else (None, rest[0])
+  n = pl.program_id(2)
+
+  @pl.when((flags_ref[n] & tl.START) != 0)
+  def _():
+    S_ref[...] = h0_ref[...]
+
+  S = S_ref[...]
+  if with_states:
+    states_ref[...] = S
+  q, k, v, G, beta = _load(ins)
+  dt = q.dtype
+  c = _intra(q, k, v, G, beta, st.scale)
+  v_new = c.u.astype(F32) - dot(c.w, S, dt)
+  o = dot(q.astype(F32) * c.eG * st.scale, S, dt) + dot(c.Aqk, v_new, dt)
+  o_ref[...] = o.astype(o_ref.dtype)
+  S = S * c.gamma + dot(c.k_out, v_new, dt, ta=True)
+  S_ref[...] = S
+  final_ref[...] = S
+
+
+def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
+  del seq_ref
+  ins, (S_in_ref, do_ref, dfinal_ref), outs, dS_ref = refs[:5], refs[5:8], refs[8:14], refs[14]
+  dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, dh0_ref = outs
+  n = pl.program_id(2)
+  flags = flags_ref[st.N - 1 - n]
+
+  @pl.when(n == 0)
+  def _():
+    dS_ref[...] = jnp.zeros_like(dS_ref)
+
+  @pl.when((flags & tl.END) != 0)
+  def _():
+    dS_ref[...] = dfinal_ref[...]
+
+  dS = dS_ref[...]
+  S = S_in_ref[...]
+  q, k, v, G, beta = _load(ins)
+  dt, scale = q.dtype, st.scale
+  c = _intra(q, k, v, G, beta, scale)
+  v_new = c.u.astype(F32) - dot(c.w, S, dt)
+  do = do_ref[...]
+  qf = q.astype(F32)
+  # Through S_next = gamma S + k_out^T v' and o = scale (q eG) S + Aqk v'.
+  dv_new = dot(c.k_out, dS, dt) + dot(c.Aqk, do, dt, ta=True)
+  dk_out = dot(v_new, dS, dt, tb=True)
+  dqg = dot(do, S, dt, tb=True) * scale                       # d(q eG)
+  dP = jnp.where(causal(st.C, False), dot(do, v_new, dt, tb=True), 0.0) * scale
+  # Through v' = u - w S, u = T (beta v), w = T (beta k eG), T = (I + A)^-1.
+  dw = -dot(dv_new, S, dt, tb=True)
+  dS_prev = dS * c.gamma + dot(qf * c.eG * scale, do, dt, ta=True) - dot(c.w, dv_new, dt, ta=True)
+  vb, kbG = v.astype(F32) * beta, c.kb * c.eG
+  dvb = dot(c.Tinv, dv_new, F32, ta=True)
+  dkbG = dot(c.Tinv, dw, F32, ta=True)
+  dT = dot(dv_new, vb, F32, tb=True) + dot(dw, kbG, F32, tb=True)
+  dA = -dot(dot(c.Tinv, dT, F32, ta=True), c.Tinv, F32, tb=True)
+  dA = jnp.where(causal(st.C, True), dA, 0.0)
+  # Through the decayed scores Aqk = scale scores(q, k) and A = scores(beta k, k).
+  lq, rq = c.dec.left(dP, c.kf), c.dec.right(dP, qf)
+  la, ra = c.dec.left(dA, c.kf), c.dec.right(dA, c.kb)
+  dkb = la + dkbG * c.eG
+  dq = dqg * c.eG + lq
+  dk = dk_out * jnp.exp(c.G_last - G) + rq + ra + dkb * beta
+  dbeta = jnp.sum(c.kf * dkb, axis=1, keepdims=True) + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True)
+  dG = (dqg * qf * c.eG + dkbG * kbG - dk_out * c.k_out + qf * lq - c.kf * rq + c.kb * la
+        - c.kf * ra)
+  last = jnp.sum(dk_out * c.k_out, axis=0, keepdims=True)    # [1, K]
+  dgamma = jnp.sum(S * dS, axis=1, keepdims=True)             # [K, 1]
+  if G.shape[1] == 1:
+    dG = jnp.sum(dG, axis=1, keepdims=True)
+    last = jnp.sum(last, axis=1, keepdims=True) + jnp.sum(dgamma, axis=0, keepdims=True) * c.gamma
+  else:
+    last = last + col_to_row(dgamma) * jnp.exp(c.G_last)
+  dG = dG + jnp.where(jax.lax.broadcasted_iota(jnp.int32, dG.shape, 0) == st.C - 1, last, 0.0)
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = (dvb * beta).astype(dv_ref.dtype)
+  dg_ref[...] = dG
+  dbeta_ref[...] = dbeta
+  dS_ref[...] = dS_prev
+  dh0_ref[...] = dS_prev
+
+
+def _specs(st: _Static, shapes, reverse=False):
+  return [tl.chunk_spec(st.C, d, reverse, st.N) for d in shapes]
+
+
+def _forward(st: _Static, seq, flags, q, k, v, G, beta, h0, with_states: bool):
+  B, H, Tp, K = q.shape
+  V, Kg = v.shape[-1], G.shape[-1]
+  out_specs = [tl.chunk_spec(st.C, V), tl.state_spec((K, V))]
+  out_shape = [jax.ShapeDtypeStruct((B, H, Tp, V), q.dtype), jax.ShapeDtypeStruct(h0.shape, F32)]
+  if with_states:
+    out_specs.append(tl.per_chunk_spec((K, V)))
+    out_shape.append(jax.ShapeDtypeStruct((B, H, st.N, K, V), F32))
+  call = tl.call(functools.partial(_forward_kernel, st, with_states), (B, H, st.N), seq, flags,
+                 _specs(st, (K, K, V, Kg, 1)) + [tl.state_spec((K, V))], out_specs, out_shape,
+                 [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_fwd")
+  return call(q, k, v, G, beta, h0)
+
+
+def _backward(st: _Static, seq, flags, res, do, dfinal):
+  q, k, v, G, beta, states = res
+  B, H, Tp, K = q.shape
+  V, Kg = v.shape[-1], G.shape[-1]
+  N = st.N
+  in_specs = _specs(st, (K, K, V, Kg, 1), True) + [
+      tl.per_chunk_spec((K, V), True, N), tl.chunk_spec(st.C, V, True, N),
+      tl.state_spec((K, V), True, N)]
+  out_specs = _specs(st, (K, K, V, Kg, 1), True) + [tl.state_spec((K, V), True, N)]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, G, beta)]
+  out_shape.append(jax.ShapeDtypeStruct(dfinal.shape, F32))
+  call = tl.call(functools.partial(_backward_kernel, st), (B, H, N), seq, flags, in_specs, out_specs, out_shape,
+                 [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_bwd")
+  return call(q, k, v, G, beta, states, do, dfinal)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(st, seq, flags, empty, q, k, v, G, beta, h0):
+  return _forward(st, seq, flags, q, k, v, G, beta, h0, with_states=False)
+
+
+def _core_fwd(st, seq, flags, empty, q, k, v, G, beta, h0):
+  o, final, states = _forward(st, seq, flags, q, k, v, G, beta, h0, with_states=True)
+  return (o, final), (seq, flags, empty, q, k, v, G, beta, states)
+
+
+def _core_bwd(st, res, cts):
+  seq, flags, empty, *res = res
+  do, dfinal = cts
+  dq, dk, dv, dG, dbeta, dh0 = _backward(st, seq, flags, res, do, dfinal)
+  dh0 = jnp.where(empty[:, None, None, None], 0.0, dh0)  # never visited by the kernel
+  return None, None, None, dq, dk, dv, dG, dbeta, dh0
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+                chunk_size: int = 64):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g None (delta rule), [B, T, H] (gated delta rule) or
+  [B, T, H, K] (KDA) natural-log decays; beta [B, T, H]; initial_state [N, H, K, V].
+
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
+  """
+  B, T, H, K = q.shape
+  dt = q.dtype
+  p = tl.plan(B, T, cu_seqlens, chunk_size)
+  h0 = (jnp.zeros((p.n_seq, H, K, v.shape[-1]), F32) if initial_state is None
+        else initial_state.astype(F32))
+  g = jnp.zeros((B, T, H), F32) if g is None else g
+  G = tl.chunk_cumsum(tl.to_kernel(g, p, F32), p)
+  st = _Static(p.N, p.C, float(scale), interpret)
+  o, final = _core(st, p.seq, p.flags, p.empty, tl.to_kernel(q, p), tl.to_kernel(k, p, dt),
+                   tl.to_kernel(v, p, dt), G, tl.to_kernel(beta, p, F32), h0)
+  return tl.from_kernel(o, p), tl.passthrough_empty(final, h0, p.empty)
