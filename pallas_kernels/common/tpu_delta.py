@@ -21,12 +21,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import F32, Decay, causal, col_to_row, dot, row, row_to_col
-from pallas_kernels.common.tpu_math import unit_lower_inverse
+from pallas_kernels.common.tpu_math import (F32, Decay, causal, dot, state_decay, state_gate_grad,
+                                             unit_lower_inverse)
 
 
 class _Static(NamedTuple):
@@ -45,8 +44,8 @@ class _Chunk(NamedTuple):
   w: jnp.ndarray       # [C, K] in the input dtype
   u: jnp.ndarray       # [C, V] in the input dtype
   Aqk: jnp.ndarray     # scaled causal q.k scores [C, C]
-  k_out: jnp.ndarray   # k exp(G_C - G) [C, K] float32
   G_last: jnp.ndarray  # G_C [1, Kg]
+  k_out: jnp.ndarray   # k exp(G_C - G) [C, K] float32
   gamma: jnp.ndarray   # exp(G_C) as a column [Kg, 1] (scales the rows of S)
 
 
@@ -61,9 +60,7 @@ def _intra(q, k, v, G, beta, scale):
   w = dot(Tinv, kb * eG, F32).astype(dt)
   u = dot(Tinv, v.astype(F32) * beta, F32).astype(dt)
   Aqk = dec.scores(q, k, strict=False) * scale
-  G_last = row(G, G.shape[0] - 1)
-  k_out = kf * jnp.exp(G_last - G)
-  return _Chunk(dec, kf, kb, eG, Tinv, w, u, Aqk, k_out, G_last, jnp.exp(row_to_col(G_last)))
+  return _Chunk(dec, kf, kb, eG, Tinv, w, u, Aqk, *state_decay(kf, G))
 
 
 def _load(refs):
@@ -75,12 +72,7 @@ def _forward_kernel(st: _Static, with_states: bool, seq_ref, flags_ref, *refs):
   del seq_ref
   ins, (h0_ref, o_ref, final_ref), rest = refs[:5], refs[5:8], refs[8:]
   states_ref, S_ref = rest if with_states else (None, rest[0])
-  n = pl.program_id(2)
-
-  @pl.when((flags_ref[n] & tl.START) != 0)
-  def _():
-    S_ref[...] = h0_ref[...]
-
+  tl.load_initial_state(S_ref, h0_ref, flags_ref)
   S = S_ref[...]
   if with_states:
     states_ref[...] = S
@@ -99,17 +91,7 @@ def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
   del seq_ref
   ins, (S_in_ref, do_ref, dfinal_ref), outs, dS_ref = refs[:5], refs[5:8], refs[8:14], refs[14]
   dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, dh0_ref = outs
-  n = pl.program_id(2)
-  flags = flags_ref[st.N - 1 - n]
-
-  @pl.when(n == 0)
-  def _():
-    dS_ref[...] = jnp.zeros_like(dS_ref)
-
-  @pl.when((flags & tl.END) != 0)
-  def _():
-    dS_ref[...] = dfinal_ref[...]
-
+  tl.load_final_state_grad(dS_ref, dfinal_ref, flags_ref, st.N)
   dS = dS_ref[...]
   S = S_in_ref[...]
   q, k, v, G, beta = _load(ins)
@@ -139,16 +121,8 @@ def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
   dq = dqg * c.eG + lq
   dk = dk_out * jnp.exp(c.G_last - G) + rq + ra + dkb * beta
   dbeta = jnp.sum(c.kf * dkb, axis=1, keepdims=True) + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True)
-  dG = (dqg * qf * c.eG + dkbG * kbG - dk_out * c.k_out + qf * lq - c.kf * rq + c.kb * la
-        - c.kf * ra)
-  last = jnp.sum(dk_out * c.k_out, axis=0, keepdims=True)    # [1, K]
-  dgamma = jnp.sum(S * dS, axis=1, keepdims=True)             # [K, 1]
-  if G.shape[1] == 1:
-    dG = jnp.sum(dG, axis=1, keepdims=True)
-    last = jnp.sum(last, axis=1, keepdims=True) + jnp.sum(dgamma, axis=0, keepdims=True) * c.gamma
-  else:
-    last = last + col_to_row(dgamma) * jnp.exp(c.G_last)
-  dG = dG + jnp.where(jax.lax.broadcasted_iota(jnp.int32, dG.shape, 0) == st.C - 1, last, 0.0)
+  dG = dqg * qf * c.eG + dkbG * kbG + qf * lq - c.kf * rq + c.kb * la - c.kf * ra
+  dG = state_gate_grad(dG, dk_out, c.k_out, S, dS, c.G_last)
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = (dvb * beta).astype(dv_ref.dtype)
@@ -156,10 +130,6 @@ def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
   dbeta_ref[...] = dbeta
   dS_ref[...] = dS_prev
   dh0_ref[...] = dS_prev
-
-
-def _specs(st: _Static, shapes, reverse=False):
-  return [tl.chunk_spec(st.C, d, reverse, st.N) for d in shapes]
 
 
 def _forward(st: _Static, seq, flags, q, k, v, G, beta, h0, with_states: bool):
@@ -171,7 +141,7 @@ def _forward(st: _Static, seq, flags, q, k, v, G, beta, h0, with_states: bool):
     out_specs.append(tl.per_chunk_spec((K, V)))
     out_shape.append(jax.ShapeDtypeStruct((B, H, st.N, K, V), F32))
   call = tl.call(functools.partial(_forward_kernel, st, with_states), (B, H, st.N), seq, flags,
-                 _specs(st, (K, K, V, Kg, 1)) + [tl.state_spec((K, V))], out_specs, out_shape,
+                 tl.chunk_specs(st.C, (K, K, V, Kg, 1)) + [tl.state_spec((K, V))], out_specs, out_shape,
                  [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_fwd")
   return call(q, k, v, G, beta, h0)
 
@@ -181,12 +151,11 @@ def _backward(st: _Static, seq, flags, res, do, dfinal):
   B, H, Tp, K = q.shape
   V, Kg = v.shape[-1], G.shape[-1]
   N = st.N
-  in_specs = _specs(st, (K, K, V, Kg, 1), True) + [
+  in_specs = tl.chunk_specs(st.C, (K, K, V, Kg, 1), True, N) + [
       tl.per_chunk_spec((K, V), True, N), tl.chunk_spec(st.C, V, True, N),
       tl.state_spec((K, V), True, N)]
-  out_specs = _specs(st, (K, K, V, Kg, 1), True) + [tl.state_spec((K, V), True, N)]
-  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v, G, beta)]
-  out_shape.append(jax.ShapeDtypeStruct(dfinal.shape, F32))
+  out_specs = tl.chunk_specs(st.C, (K, K, V, Kg, 1), True, N) + [tl.state_spec((K, V), True, N)]
+  out_shape = tl.shapes_like(q, k, v, G, beta, dfinal)
   call = tl.call(functools.partial(_backward_kernel, st), (B, H, N), seq, flags, in_specs, out_specs, out_shape,
                  [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_bwd")
   return call(q, k, v, G, beta, states, do, dfinal)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -129,6 +130,12 @@ def per_chunk_spec(shape, reverse: bool = False, N: int = 0):
   return pl.BlockSpec((None, None, None, *shape), lambda b, h, n, seq, fl: (b, h, n, *zeros))
 
 
+def head_spec(shape):
+  """The block of head h of a per-head parameter [H, *shape] (e.g. RWKV-6's bonus u as [H, 1, K])."""
+  zeros = (0,) * len(shape)
+  return pl.BlockSpec((None, *shape), lambda b, h, n, seq, fl: (h, *zeros))
+
+
 def call(kernel, grid, seq, flags, in_specs, out_specs, out_shape, scratch_shapes, interpret, name):
   """pallas_call over `grid` = (B, H, N) with (seq, flags) as scalar prefetch."""
   grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
@@ -143,3 +150,34 @@ def passthrough_empty(final, h0, empty):
   """Sequences without tokens keep their initial state (the kernels never visit them)."""
   return jnp.where(empty[:, None, None, None], h0, final)
 
+
+
+# --- in-kernel state handling shared by the chunk kernels --------------------------------------
+
+def load_initial_state(S_ref, h0_ref, flags_ref):
+  """Forward, at the top of each grid step: a sequence starting at this chunk loads its state."""
+  @pl.when((flags_ref[pl.program_id(2)] & START) != 0)
+  def _():
+    S_ref[...] = h0_ref[...]
+
+
+def load_final_state_grad(dS_ref, dfinal_ref, flags_ref, N: int):
+  """Backward (chunks in reverse): dS starts at zero and is reset to the final-state cotangent of a
+  sequence ending at this chunk."""
+  n = pl.program_id(2)
+
+  @pl.when(n == 0)
+  def _():
+    dS_ref[...] = jnp.zeros_like(dS_ref)
+
+  @pl.when((flags_ref[N - 1 - n] & END) != 0)
+  def _():
+    dS_ref[...] = dfinal_ref[...]
+
+
+def chunk_specs(C: int, dims, reverse: bool = False, N: int = 0):
+  return [chunk_spec(C, d, reverse, N) for d in dims]
+
+
+def shapes_like(*xs):
+  return [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]

@@ -101,24 +101,25 @@ class Decay:
   scores(a, b)[i, j] = sum_c a_ic b_jc exp(Gq_ic - Gk_jc)       (masked causal)  [C, C]
   left(M, b)[i]      = sum_j M_ij b_j * exp(Gq_i - Gk_j)                       [C, K]
   right(M, a)[j]     = sum_i M_ij a_i * exp(Gq_i - Gk_j)                       [C, K]
-  (M is already zero above the diagonal.) A scalar gate factors out of the sum. A per-channel
+  (M is already zero above the diagonal.) `strict` (RWKV-6: the query reads the state before its
+  token) drops the diagonal everywhere, where exp(Gq_i - Gk_i) may exceed 1. A scalar gate factors out of the sum. A per-channel
   gate does not, and exp(Gq_i) exp(-Gk_j) can overflow, so: across 16-row sub-chunks both factors
   are taken relative to the key cumsum just before the query sub-chunk (both exponents <= 0);
   inside a sub-chunk the terms are formed column by column with the mask applied before the exp.
   """
 
-  def __init__(self, Gq, Gk, dtype):
-    self.Gq, self.Gk, self.dtype = Gq, Gk, jnp.dtype(dtype)
+  def __init__(self, Gq, Gk, dtype, strict: bool = False):
+    self.Gq, self.Gk, self.dtype, self.strict = Gq, Gk, jnp.dtype(dtype), strict
     self.C = Gq.shape[0]
     self.scalar = Gq.shape[1] == 1
     if self.scalar:
-      self.D = masked_exp(Gq - col_to_row(Gk), causal(self.C, False))  # [C, C]
+      self.D = masked_exp(Gq - col_to_row(Gk), causal(self.C, strict))  # [C, C]
     else:
       self.sub = min(SUB, self.C)
       self.blk = lax.div(iota((self.C, 1), 0), self.sub)
 
-  def scores(self, a, b, strict: bool):
-    C = self.C
+  def scores(self, a, b, strict: bool = False):
+    C, strict = self.C, strict or self.strict
     if self.scalar:
       return dot(a, b, self.dtype, tb=True) * jnp.where(causal(C, strict), self.D, 0.0)
     out = jnp.zeros((C, C), F32)
@@ -143,7 +144,7 @@ class Decay:
     b = b.astype(F32)
 
     def body(j, out):
-      return out + col(M, j) * row(b, j) * self._within(j, False)
+      return out + col(M, j) * row(b, j) * self._within(j, self.strict)
 
     return lax.fori_loop(0, self.C, body, out)
 
@@ -157,7 +158,7 @@ class Decay:
     rows = iota((self.C, 1), 0)
 
     def body(j, out):
-      r = jnp.sum(col(M, j) * a * self._within(j, False), axis=0, keepdims=True)
+      r = jnp.sum(col(M, j) * a * self._within(j, self.strict), axis=0, keepdims=True)
       return out + jnp.where(rows == j, r, 0.0)
 
     return lax.fori_loop(0, self.C, body, out)
@@ -175,3 +176,25 @@ class Decay:
     rows = iota((self.C, 1), 0)
     mask = (self.blk == lax.div(j, self.sub)) & ((rows > j) if strict else (rows >= j))
     return masked_exp(self.Gq - row(self.Gk, j), mask)
+
+
+def state_decay(kf, G):
+  """For S_next = diag(exp(G_C)) S + k_out^T v: (G_C [1, Kg], k_out = k exp(G_C - G) [C, K],
+  exp(G_C) as a column [Kg, 1] that scales the rows of S)."""
+  G_last = row(G, G.shape[0] - 1)
+  return G_last, kf * jnp.exp(G_last - G), jnp.exp(row_to_col(G_last))
+
+
+def state_gate_grad(dG, dk_out, k_out, S, dS, G_last):
+  """Adds to the per-channel gate-cumsum gradient dG [C, K] the part through S_next = diag(exp(G_C))
+  S + k_out^T v (dk_out = dL/dk_out, dS = dL/dS_next) and reduces it to the gate's width [C, Kg]."""
+  kk = dk_out * k_out
+  dG = dG - kk
+  last = jnp.sum(kk, axis=0, keepdims=True)                  # [1, K]
+  dgamma = jnp.sum(S * dS, axis=1, keepdims=True)            # [K, 1]
+  if G_last.shape[1] == 1:
+    dG = jnp.sum(dG, axis=1, keepdims=True)
+    last = jnp.sum(last, axis=1, keepdims=True) + jnp.sum(dgamma, axis=0, keepdims=True) * jnp.exp(G_last)
+  else:
+    last = last + col_to_row(dgamma) * jnp.exp(G_last)
+  return dG + jnp.where(iota(dG.shape, 0) == dG.shape[0] - 1, last, 0.0)

@@ -7,22 +7,28 @@ interpret mode compiles a large program per shape.
 `test_lowers_for_tpu` exports forward and backward for the TPU platform (jax.export), which runs the
 Pallas -> Mosaic lowering on this host: unsupported primitives and illegal block shapes fail there.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.pallas_kernels import harness
-from tests.pallas_kernels import test_delta_rule, test_gated_delta_rule, test_kda
+from tests.pallas_kernels import (test_delta_rule, test_gated_delta_rule, test_gla, test_kda,
+                                  test_linear_attn, test_retention, test_rwkv6, test_simple_gla)
 
 
-def _with_gates(mod, **kw):
-  return harness.OpCase(mod.CASE.name, mod.CASE.chunk, mod.CASE.fused_recurrent,
-                        lambda *a: mod.make_inputs(*a, **kw), mod.make_state, gates=mod.CASE.gates)
+def steep(case, **kw):
+  """`case` with gate logits scaled by 10 (log decays down to about -30 per step)."""
+  return dataclasses.replace(case, name=case.name + "[steep]",
+                             make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0))
 
 
 GDN, DELTA, KDA = test_gated_delta_rule.CASE, test_delta_rule.CASE, test_kda.CASE
-KDA_STEEP = _with_gates(test_kda, gate_scale=10.0)
+GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
+SIMPLE_GLA, RETENTION = test_simple_gla.BOTH, test_retention.TestRetention.CASES[0]
+LINEAR, LINEAR_NORM = test_linear_attn.CASE, test_linear_attn.NORMALIZED
 
 # (case, T, H, K, V, dtype, varlen)
 CASES = [
@@ -34,7 +40,17 @@ CASES = [
     (KDA, 65, 1, 16, 16, "float32", False),
     (KDA, 130, 1, 128, 128, "bfloat16", False),
     (KDA, 130, 1, 16, 16, "bfloat16", True),
-    (KDA_STEEP, 65, 1, 32, 16, "float32", False),
+    (steep(KDA), 65, 1, 32, 16, "float32", False),
+    (GLA, 65, 2, 16, 16, "float32", False),
+    (GLA, 130, 1, 128, 128, "bfloat16", True),
+    (RWKV6, 130, 1, 16, 32, "float32", True),
+    (RWKV6, 65, 2, 128, 128, "bfloat16", False),
+    (steep(RWKV6), 65, 1, 32, 16, "float32", False),
+    (SIMPLE_GLA, 65, 2, 16, 16, "bfloat16", False),
+    (SIMPLE_GLA, 130, 1, 32, 16, "float32", True),
+    (RETENTION, 1, 2, 16, 16, "float32", False),
+    (LINEAR, 130, 1, 128, 128, "bfloat16", False),
+    (LINEAR_NORM, 65, 2, 16, 32, "float32", True),
 ]
 
 
@@ -44,7 +60,7 @@ def test_tpu_kernel_matches_reference(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="tpu", interpret=True, varlen=varlen)
 
 
-LOWER = [GDN, KDA]
+LOWER = [GDN, KDA, SIMPLE_GLA, RWKV6]
 
 
 @pytest.mark.parametrize("case", LOWER, ids=[c.name for c in LOWER])
