@@ -1,0 +1,164 @@
+"""The training input pipeline: a config section -> a batched, sharded, checkpointable grain iterator.
+
+  it = make_dataset(config.data, seed=0, process_index=jax.process_index(),
+                    process_count=jax.process_count())   # a grain DatasetIterator
+  batch = next(it)                  # {"inputs", "targets", "loss_mask"[, "segment_ids", "positions"]}
+  state = it.get_state()            # save it with the checkpoint (grain.checkpoint.CheckpointSave)
+  it2 = make_dataset(...); it2.set_state(state)   # yields exactly the batches `it` yields next
+
+`build_dataset` (same arguments) returns the grain IterDataset itself, for callers that iterate it
+more than once.
+
+Every array is numpy int32 of shape [global_batch_size // process_count, seq_len]; `segment_ids`
+and `positions` come with packed text ("concat" / "first_fit", see lineax_lm.data.packing).
+
+Order of operations (grain's dataset API throughout):
+  MapDataset.source(documents) -> this process's shard [process_index::process_count] of the equal
+  split -> shuffle(seed) -> repeat(num_epochs; reshuffled every epoch) -> tokenize -> to_iter_dataset
+  -> pack -> batch.
+MQAR examples have a fixed length, so MQAR stays a MapDataset until after batching: batch s of a run
+is a pure function of (config, seed, s). Everything is deterministic given the seed, and a restored
+iterator continues bit-for-bit.
+"""
+from __future__ import annotations
+
+import grain
+import ml_collections
+from ml_collections import config_dict
+
+from lineax_lm.data import packing, text
+from lineax_lm.data.mqar import MQARSource
+from lineax_lm.data.tokenizer import Tokenizer, load_tokenizer
+
+SOURCES = ("mqar", "text", "jsonl", "tfds")
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The `data` section of a training config, with its defaults."""
+  c = ml_collections.ConfigDict()
+  c.source = "mqar"              # mqar | text | jsonl | tfds
+  c.seq_len = 256                # tokens per row
+  c.global_batch_size = 64       # rows per step over all processes (make_dataset's batch_size wins)
+  c.shuffle = True
+  c.num_epochs = config_dict.placeholder(int)  # None: repeat forever (training); 1: one pass (eval)
+  c.num_threads = 2              # grain read threads (tokenization)
+  c.prefetch_buffer_size = 8
+  # text / jsonl / tfds
+  c.paths = ""                   # text / jsonl: files or globs, separated by commas
+  c.text_unit = "file"           # text: "file" (a file is a document) | "line" (a line is one)
+  c.text_field = "text"          # jsonl / tfds: the field holding the text
+  c.tfds_name = ""               # tfds: a dataset prepared as array_record (never downloaded)
+  c.tfds_split = "train"
+  c.tfds_data_dir = config_dict.placeholder(str)  # None: TFDS's default (~/tensorflow_datasets)
+  c.tokenizer = "byte"           # "byte" | path of a local tokenizer.json (or its folder)
+  c.bos_token = config_dict.placeholder(str)     # tokenizer.json only; None: found automatically
+  c.eos_token = config_dict.placeholder(str)
+  c.pad_token = config_dict.placeholder(str)
+  c.add_bos = True
+  c.add_eos = True
+  c.packing = "concat"           # concat | first_fit | none (see lineax_lm.data.packing)
+  c.num_packing_bins = 16        # first_fit
+  # mqar (lineax_lm.data.mqar.MQARSource; seq_len above; examples drawn from `seed`)
+  c.mqar = ml_collections.ConfigDict(dict(
+      vocab_size=8192, num_kv_pairs=8, power_a=0.01, num_examples=100_000, random_non_queries=True))
+  return c
+
+
+def make_tokenizer(config) -> Tokenizer:
+  """The tokenizer named by a data config section."""
+  return load_tokenizer(config.tokenizer, bos_token=config.get("bos_token"),
+                        eos_token=config.get("eos_token"), pad_token=config.get("pad_token"))
+
+
+def data_vocab_size(config) -> int:
+  """The number of token ids the data of `config` can hold (the model's vocab must be >= it)."""
+  return config.mqar.vocab_size if config.source == "mqar" else make_tokenizer(config).vocab_size
+
+
+def make_source(config, seed: int):
+  """The random-access source of a config section: MQAR examples or text documents (str)."""
+  if config.source == "mqar":
+    m = config.mqar
+    return MQARSource(vocab_size=m.vocab_size, seq_len=config.seq_len, num_kv_pairs=m.num_kv_pairs,
+                      power_a=m.power_a, num_examples=m.num_examples, seed=seed,
+                      random_non_queries=m.random_non_queries)
+  if config.source == "text":
+    return text.TextFileSource(config.paths, unit=config.text_unit)
+  if config.source == "jsonl":
+    return text.JsonlSource(config.paths, text_field=config.text_field)
+  if config.source == "tfds":
+    return text.tfds_text_source(config.tfds_name, split=config.tfds_split,
+                                 data_dir=config.tfds_data_dir, text_field=config.text_field)
+  raise ValueError(f"`data.source` must be one of {SOURCES}; got {config.source!r}")
+
+
+def _shard(ds: grain.MapDataset, shard: grain.sharding.ShardOptions) -> grain.MapDataset:
+  """This process's part of an equal split (the remainder of len % count is dropped)."""
+  n = len(ds) - len(ds) % shard.shard_count
+  if n == 0:
+    raise ValueError(f"the source has {len(ds)} documents/examples, fewer than the "
+                     f"{shard.shard_count} processes that share it")
+  return ds[:n][shard.shard_index::shard.shard_count]
+
+
+def make_dataset(config, *, seed: int, process_index: int | None = None,
+                 process_count: int | None = None, batch_size: int | None = None,
+                 drop_remainder: bool = True) -> grain.DatasetIterator:
+  """The batched training iterator of a data config section: `iter(build_dataset(...))`."""
+  return iter(build_dataset(config, seed=seed, process_index=process_index,
+                            process_count=process_count, batch_size=batch_size,
+                            drop_remainder=drop_remainder))
+
+
+def build_dataset(config, *, seed: int, process_index: int | None = None,
+                  process_count: int | None = None, batch_size: int | None = None,
+                  drop_remainder: bool = True) -> grain.IterDataset:
+  """The batched training dataset of a data config section (see the module docstring).
+
+  Args:
+    config: a section like `default_data_config()`.
+    seed: shuffles, packs and (MQAR) generates examples; the same seed gives the same batches.
+    process_index, process_count: this process's shard; both None: grain's `ShardByJaxProcess`.
+    batch_size: the global batch (rows per step over all processes); None: config.global_batch_size.
+      Each process gets batch_size // process_count rows.
+    drop_remainder: drop a last partial batch (finite `num_epochs` only).
+  Returns:
+    a grain IterDataset; `iter()` of it is a DatasetIterator with get_state() / set_state(), whose
+    batches are dicts of [batch_size // process_count, seq_len] int32 numpy arrays.
+  """
+  if config.source not in SOURCES:
+    raise ValueError(f"`data.source` must be one of {SOURCES}; got {config.source!r}")
+  if (process_index is None) != (process_count is None):
+    raise ValueError("give both `process_index` and `process_count`, or neither")
+  if process_index is not None and not 0 <= process_index < process_count:
+    raise ValueError(f"`process_index` must be in [0, process_count = {process_count}); got "
+                     f"{process_index}")
+  shard = (grain.sharding.ShardByJaxProcess(drop_remainder=True) if process_index is None else
+           grain.sharding.ShardOptions(process_index, process_count, drop_remainder=True))
+  global_batch = config.global_batch_size if batch_size is None else batch_size
+  if global_batch < 1 or global_batch % shard.shard_count:
+    raise ValueError(f"the global batch size {global_batch} must be a positive multiple of "
+                     f"process_count = {shard.shard_count}")
+  local_batch = global_batch // shard.shard_count
+  if config.seq_len < 1 or (config.num_epochs is not None and config.num_epochs < 1):
+    raise ValueError(f"`data.seq_len` must be >= 1 and `data.num_epochs` None or >= 1; got "
+                     f"{config.seq_len} and {config.num_epochs}")
+  if config.source != "mqar":  # fail on a bad tokenizer or packing mode before reading any file
+    tokenizer = make_tokenizer(config)
+    if config.packing not in packing.PACKING_MODES:
+      raise ValueError(f"`data.packing` must be one of {packing.PACKING_MODES}; got {config.packing!r}")
+
+  ds = _shard(grain.MapDataset.source(make_source(config, seed)), shard)
+  if config.shuffle:
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat(config.num_epochs)
+  read = grain.ReadOptions(num_threads=config.num_threads,
+                           prefetch_buffer_size=config.prefetch_buffer_size)
+  if config.source == "mqar":
+    return ds.batch(local_batch, drop_remainder=drop_remainder).to_iter_dataset(read)
+
+  add_bos, add_eos = config.add_bos, config.add_eos
+  ds = ds.map(lambda doc: text.tokenize(doc, tokenizer, add_bos, add_eos)).to_iter_dataset(read)
+  ds = packing.pack(ds, mode=config.packing, seq_len=config.seq_len, pad_id=tokenizer.pad_id,
+                    num_packing_bins=config.num_packing_bins, seed=seed)
+  return ds.batch(local_batch, drop_remainder=drop_remainder)

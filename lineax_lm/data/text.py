@@ -1,0 +1,187 @@
+"""Text sources (grain random-access data sources of documents as `str`) and tokenization.
+
+- `TextFileSource(paths, unit="file" | "line")`: local text files; a document is a whole file or one
+  non-empty line.
+- `JsonlSource(paths, text_field="text")`: local JSON-lines files; a document is the `text_field` of
+  one line's object.
+- `tfds_text_source(name, split=..., data_dir=..., text_field=...)`: a TFDS dataset already prepared
+  in a random-access format (array_record) on local disk, read through `tfds.data_source`; never
+  downloads, and a dataset that is not there raises a FileNotFoundError saying how to prepare it.
+- `tokenize(text, tokenizer, add_bos, add_eos)`: a document -> [n] int32 ids.
+
+`paths` is a list of files or glob patterns, or one string of them separated by commas; every
+pattern must match a file. Files are indexed once (byte offsets of their lines), then read lazily, so
+random access costs one seek; sources are thread-safe (each read opens its file).
+"""
+from __future__ import annotations
+
+import bisect
+import glob
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from lineax_lm.data.tokenizer import Tokenizer
+
+
+def resolve_paths(paths: str | Sequence[str]) -> list[str]:
+  """Files or globs (a list, or one comma-separated string) -> the sorted files each one matches,
+  in the order given, without repeats."""
+  if isinstance(paths, str):
+    paths = [p.strip() for p in paths.split(",") if p.strip()]
+  if not paths:
+    raise ValueError("`paths` is empty: give the text / jsonl files (or glob patterns) to read")
+  files: list[str] = []
+  for pattern in paths:
+    pattern = os.path.expanduser(os.fspath(pattern))
+    matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+    matches = [m for m in matches if os.path.isfile(m)]
+    if not matches:
+      raise FileNotFoundError(f"`paths`: {pattern!r} matches no file")
+    files.extend(m for m in matches if m not in files)
+  return files
+
+
+def _line_offsets(path: str) -> np.ndarray:
+  """Byte offsets of the non-blank lines of a file, [n] int64."""
+  offsets, pos = [], 0
+  with open(path, "rb") as f:
+    for line in f:
+      if line.strip():
+        offsets.append(pos)
+      pos += len(line)
+  return np.asarray(offsets, np.int64)
+
+
+def _read_line(path: str, offset: int) -> str:
+  with open(path, "rb") as f:
+    f.seek(offset)
+    return f.readline().decode("utf-8")
+
+
+class _LinesSource:
+  """Random access to the non-blank lines of several files (line i of the concatenation)."""
+
+  def __init__(self, paths: str | Sequence[str]):
+    self.files = resolve_paths(paths)
+    self._offsets = [_line_offsets(f) for f in self.files]
+    self._starts = np.cumsum([0] + [len(o) for o in self._offsets]).tolist()
+    if self._starts[-1] == 0:
+      raise ValueError(f"`paths`: the files {self.files} hold no non-blank line")
+
+  def __len__(self) -> int:
+    return self._starts[-1]
+
+  def _line(self, index: int) -> tuple[str, int, str]:
+    index = int(index)
+    if not 0 <= index < len(self):
+      raise IndexError(f"document index {index} is outside [0, {len(self)})")
+    i = bisect.bisect_right(self._starts, index) - 1
+    j = index - self._starts[i]
+    return self.files[i], j, _read_line(self.files[i], int(self._offsets[i][j]))
+
+
+class TextFileSource(_LinesSource):
+  """Local text files as documents: `unit="file"` (one document per file) or `"line"` (one per
+  non-blank line, trailing newline removed). `src[i]` -> str."""
+
+  def __init__(self, paths: str | Sequence[str], unit: str = "file"):
+    if unit not in ("file", "line"):
+      raise ValueError(f"`text_unit` must be 'file' or 'line'; got {unit!r}")
+    self.unit = unit
+    if unit == "line":
+      super().__init__(paths)
+    else:
+      self.files = resolve_paths(paths)
+
+  def __len__(self) -> int:
+    return len(self.files) if self.unit == "file" else super().__len__()
+
+  def __getitem__(self, index: int) -> str:
+    if self.unit == "line":
+      return self._line(index)[2].rstrip("\r\n")
+    with open(self.files[index], encoding="utf-8", newline="") as f:
+      return f.read()
+
+  def __repr__(self) -> str:
+    return f"TextFileSource({len(self.files)} files, unit={self.unit!r}, {len(self)} documents)"
+
+
+class JsonlSource(_LinesSource):
+  """Local JSON-lines files; document i is the string `text_field` of the i-th non-blank line."""
+
+  def __init__(self, paths: str | Sequence[str], text_field: str = "text"):
+    super().__init__(paths)
+    self.text_field = text_field
+
+  def __getitem__(self, index: int) -> str:
+    path, line_no, line = self._line(index)
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: non-blank line {line_no + 1} is not valid JSON ({e})") from None
+    text = record.get(self.text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+      raise ValueError(f"{path}: non-blank line {line_no + 1} has no string field "
+                       f"`text_field` = {self.text_field!r} (keys: "
+                       f"{sorted(record) if isinstance(record, dict) else type(record).__name__})")
+    return text
+
+  def __repr__(self) -> str:
+    return f"JsonlSource({len(self.files)} files, text_field={self.text_field!r}, {len(self)} documents)"
+
+
+class _FieldSource:
+  """A random-access source of records -> the text in one field (bytes decoded as UTF-8)."""
+
+  def __init__(self, source, field: str, name: str):
+    self.source, self.field, self.name = source, field, name
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, index: int) -> str:
+    record = self.source[index]
+    if self.field not in record:
+      raise ValueError(f"tfds dataset {self.name!r} has no feature `text_field` = {self.field!r}; "
+                       f"its features: {sorted(record)}")
+    text = record[self.field]
+    text = text.item() if isinstance(text, np.ndarray) else text
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+  def __repr__(self) -> str:
+    return f"tfds({self.name!r}, field={self.field!r}, {len(self)} documents)"
+
+
+def tfds_text_source(name: str, *, split: str = "train", data_dir: str | None = None,
+                     text_field: str = "text") -> _FieldSource:
+  """A prepared TFDS dataset's `text_field` as a random-access source of str (no download)."""
+  if not name:
+    raise ValueError("`tfds_name` is empty: name the TFDS dataset to read (e.g. 'lm1b')")
+  import tensorflow_datasets as tfds  # lazy: ~1 s to import, and only this source needs it
+
+  where = data_dir or "~/tensorflow_datasets (or $TFDS_DATA_DIR)"
+  how = (f"Prepare it once, in a random-access format, where `tfds_data_dir` points:\n"
+         f"  tfds build {name} --file_format=array_record"
+         f"{' --data_dir=' + data_dir if data_dir else ''}\n"
+         f"or in Python: tfds.builder({name!r}{', data_dir=' + repr(data_dir) if data_dir else ''}, "
+         "file_format='array_record').download_and_prepare()\n"
+         "(preparing may need tensorflow and the network; training never downloads).")
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(f"`tfds_name`: no TFDS dataset is registered as {name!r}") from None
+  except (NotImplementedError, FileNotFoundError, AssertionError) as e:
+    raise FileNotFoundError(f"TFDS dataset {name!r} (split {split!r}) is not prepared as "
+                            f"array_record under {where}. {how}\n(tfds said: {e})") from None
+  return _FieldSource(source, text_field, name)
+
+
+def tokenize(text: str, tokenizer: Tokenizer, add_bos: bool = True,
+             add_eos: bool = True) -> np.ndarray:
+  """A document -> its ids, [n] int32, with bos / eos around it if asked."""
+  ids = tokenizer.encode(text)
+  ids = ([tokenizer.bos_id] if add_bos else []) + list(ids) + ([tokenizer.eos_id] if add_eos else [])
+  return np.asarray(ids, np.int32)
