@@ -178,12 +178,14 @@ def unit_lower_inverse(A, prec=None):
   same = (r // SUB) == (c // SUB)
   eye = (r == c).astype(F32)
   D = jnp.where(same, A, 0.0)
-  Dinv = eye
-  for i in range(1, SUB):
+
+  def row(i, Dinv):
     sel = (r % SUB) == i
     d = jnp.sum(jnp.where(sel, D, 0.0), axis=0)       # column j of block b: D[row i of b, j]
     x = jnp.sum(d[:, None] * Dinv, axis=0)            # column c of block b: (D Dinv)[row i of b, c]
-    Dinv = jnp.where(sel & same, eye - x[None, :], Dinv)
+    return jnp.where(sel & same, eye - x[None, :], Dinv)
+
+  Dinv = lax.fori_loop(1, SUB, row, eye)
   n_blocks = C // SUB
   if n_blocks == 1:
     return Dinv

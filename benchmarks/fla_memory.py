@@ -1,0 +1,72 @@
+"""fla's peak device memory of forward+backward (and its fwd+bwd time at the length-scaling shapes),
+for benchmarks/ops.py's ratios. Torch + flash-linear-attention only; run on the GPU host beside
+../shared/bench/fla_ops_h200.py:
+
+    RESULTS_DIR=DIR python benchmarks/fla_memory.py     # writes DIR/fla_memory.json
+
+Inputs as fla_ops_h200.py draws them (bf16 q, k, v; unit-norm k; float32 log-sigmoid gates and
+sigmoid beta). Peak = torch.cuda.max_memory_allocated during one fwd+bwd (inputs, do and gradients
+included), gradients with respect to every input.
+"""
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import fla.ops.common.chunk_o as _co
+
+_co.TRITON_ABOVE_3_7_1 = True  # as fla_ops_h200.py: timing only, the guard refuses gated bwd on Triton 3.6
+from fla.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_simple_gla  # noqa: E402
+
+OPS = {
+    "gated_delta_rule": lambda d: chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["gs"], d["beta"]),
+    "delta_rule": lambda d: chunk_delta_rule(d["q"], d["k"], d["v"], d["beta"]),
+    "simple_gla": lambda d: chunk_simple_gla(d["q"], d["k"], d["v"], g=d["gs"]),
+}
+
+
+def inputs(B, T, H, K, V, seed=0):
+  g = torch.Generator(device="cuda").manual_seed(seed)
+  r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.float32, generator=g)
+  d = dict(q=r(B, T, H, K).bfloat16(), k=F.normalize(r(B, T, H, K), dim=-1).bfloat16(),
+           v=r(B, T, H, V).bfloat16(), gs=F.logsigmoid(r(B, T, H) + 3.0), beta=torch.sigmoid(r(B, T, H)))
+  for x in d.values():
+    x.requires_grad_(True)
+  return d
+
+
+def measure(name, B, T, H=16, K=128, V=128, timing=False):
+  d = inputs(B, T, H, K, V)
+  fn = OPS[name]
+  o = fn(d)[0]
+  do = torch.randn_like(o)
+  used = [x for n, x in d.items() if n in ("q", "k", "v", "gs", "beta") and (name != "delta_rule" or n != "gs")
+          and (name != "simple_gla" or n != "beta")]
+  step = lambda: torch.autograd.grad(fn(d)[0], used, do)
+  step()
+  torch.cuda.synchronize()
+  torch.cuda.reset_peak_memory_stats()
+  step()
+  torch.cuda.synchronize()
+  r = dict(peak_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 3))
+  if timing:
+    r["fwdbwd_ms"] = do_bench(step, warmup=50, rep=200, return_mode="median")
+  del d, o, do
+  torch.cuda.empty_cache()
+  return r
+
+
+def main():
+  out = os.environ.get("RESULTS_DIR", "results")
+  os.makedirs(out, exist_ok=True)
+  res = {name: {"4096": measure(name, 4, 4096)} for name in OPS}
+  for T in (2048, 8192, 32768):
+    res["gated_delta_rule"][str(T)] = measure("gated_delta_rule", 65536 // T, T, timing=True)
+  print(json.dumps(res))
+  json.dump(res, open(os.path.join(out, "fla_memory.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+  main()
