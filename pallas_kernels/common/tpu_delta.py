@@ -16,12 +16,9 @@ initial-state gradient. The gate-cumsum gradient dG becomes dg through autodiff 
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.common import tpu_layout as tl
 from pallas_kernels.common.tpu_math import (F32, Decay, causal, dot, state_decay, state_gate_grad,
@@ -63,42 +60,20 @@ def _intra(q, k, v, G, beta, scale):
   return _Chunk(dec, kf, kb, eG, Tinv, w, u, Aqk, *state_decay(kf, G))
 
 
-def _load(refs):
-  q_ref, k_ref, v_ref, g_ref, beta_ref = refs
-  return q_ref[...], k_ref[...], v_ref[...], g_ref[...], beta_ref[...]
-
-
-def _forward_kernel(st: _Static, with_states: bool, seq_ref, flags_ref, *refs):
-  del seq_ref
-  ins, (h0_ref, o_ref, final_ref), rest = refs[:5], refs[5:8], refs[8:]
-  states_ref, S_ref = rest if with_states else (None, rest[0])
-  tl.load_initial_state(S_ref, h0_ref, flags_ref)
-  S = S_ref[...]
-  if with_states:
-    states_ref[...] = S
-  q, k, v, G, beta = _load(ins)
+def _forward(st: _Static, xs, S):
+  q, k, v, G, beta = xs
   dt = q.dtype
   c = _intra(q, k, v, G, beta, st.scale)
   v_new = c.u.astype(F32) - dot(c.w, S, dt)
   o = dot(q.astype(F32) * c.eG * st.scale, S, dt) + dot(c.Aqk, v_new, dt)
-  o_ref[...] = o.astype(o_ref.dtype)
-  S = S * c.gamma + dot(c.k_out, v_new, dt, ta=True)
-  S_ref[...] = S
-  final_ref[...] = S
+  return o, S * c.gamma + dot(c.k_out, v_new, dt, ta=True)
 
 
-def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
-  del seq_ref
-  ins, (S_in_ref, do_ref, dfinal_ref), outs, dS_ref = refs[:5], refs[5:8], refs[8:14], refs[14]
-  dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, dh0_ref = outs
-  tl.load_final_state_grad(dS_ref, dfinal_ref, flags_ref, st.N)
-  dS = dS_ref[...]
-  S = S_in_ref[...]
-  q, k, v, G, beta = _load(ins)
+def _backward(st: _Static, xs, S, do, dS):
+  q, k, v, G, beta = xs
   dt, scale = q.dtype, st.scale
   c = _intra(q, k, v, G, beta, scale)
   v_new = c.u.astype(F32) - dot(c.w, S, dt)
-  do = do_ref[...]
   qf = q.astype(F32)
   # Through S_next = gamma S + k_out^T v' and o = scale (q eG) S + Aqk v'.
   dv_new = dot(c.k_out, dS, dt) + dot(c.Aqk, do, dt, ta=True)
@@ -123,63 +98,10 @@ def _backward_kernel(st: _Static, seq_ref, flags_ref, *refs):
   dbeta = jnp.sum(c.kf * dkb, axis=1, keepdims=True) + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True)
   dG = dqg * qf * c.eG + dkbG * kbG + qf * lq - c.kf * rq + c.kb * la - c.kf * ra
   dG = state_gate_grad(dG, dk_out, c.k_out, S, dS, c.G_last)
-  dq_ref[...] = dq.astype(dq_ref.dtype)
-  dk_ref[...] = dk.astype(dk_ref.dtype)
-  dv_ref[...] = (dvb * beta).astype(dv_ref.dtype)
-  dg_ref[...] = dG
-  dbeta_ref[...] = dbeta
-  dS_ref[...] = dS_prev
-  dh0_ref[...] = dS_prev
+  return (dq, dk, dvb * beta, dG, dbeta), dS_prev
 
 
-def _forward(st: _Static, seq, flags, q, k, v, G, beta, h0, with_states: bool):
-  B, H, Tp, K = q.shape
-  V, Kg = v.shape[-1], G.shape[-1]
-  out_specs = [tl.chunk_spec(st.C, V), tl.state_spec((K, V))]
-  out_shape = [jax.ShapeDtypeStruct((B, H, Tp, V), q.dtype), jax.ShapeDtypeStruct(h0.shape, F32)]
-  if with_states:
-    out_specs.append(tl.per_chunk_spec((K, V)))
-    out_shape.append(jax.ShapeDtypeStruct((B, H, st.N, K, V), F32))
-  call = tl.call(functools.partial(_forward_kernel, st, with_states), (B, H, st.N), seq, flags,
-                 tl.chunk_specs(st.C, (K, K, V, Kg, 1)) + [tl.state_spec((K, V))], out_specs, out_shape,
-                 [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_fwd")
-  return call(q, k, v, G, beta, h0)
-
-
-def _backward(st: _Static, seq, flags, res, do, dfinal):
-  q, k, v, G, beta, states = res
-  B, H, Tp, K = q.shape
-  V, Kg = v.shape[-1], G.shape[-1]
-  N = st.N
-  in_specs = tl.chunk_specs(st.C, (K, K, V, Kg, 1), True, N) + [
-      tl.per_chunk_spec((K, V), True, N), tl.chunk_spec(st.C, V, True, N),
-      tl.state_spec((K, V), True, N)]
-  out_specs = tl.chunk_specs(st.C, (K, K, V, Kg, 1), True, N) + [tl.state_spec((K, V), True, N)]
-  out_shape = tl.shapes_like(q, k, v, G, beta, dfinal)
-  call = tl.call(functools.partial(_backward_kernel, st), (B, H, N), seq, flags, in_specs, out_specs, out_shape,
-                 [pltpu.VMEM((K, V), F32)], st.interpret, "delta_rule_bwd")
-  return call(q, k, v, G, beta, states, do, dfinal)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st, seq, flags, empty, q, k, v, G, beta, h0):
-  return _forward(st, seq, flags, q, k, v, G, beta, h0, with_states=False)
-
-
-def _core_fwd(st, seq, flags, empty, q, k, v, G, beta, h0):
-  o, final, states = _forward(st, seq, flags, q, k, v, G, beta, h0, with_states=True)
-  return (o, final), (seq, flags, empty, q, k, v, G, beta, states)
-
-
-def _core_bwd(st, res, cts):
-  seq, flags, empty, *res = res
-  do, dfinal = cts
-  dq, dk, dv, dG, dbeta, dh0 = _backward(st, seq, flags, res, do, dfinal)
-  dh0 = jnp.where(empty[:, None, None, None], 0.0, dh0)  # never visited by the kernel
-  return None, None, None, dq, dk, dv, dG, dbeta, dh0
-
-
-_core.defvjp(_core_fwd, _core_bwd)
+KERNEL = tl.StateKernel("delta_rule", _forward, _backward)
 
 
 def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
@@ -192,11 +114,9 @@ def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
   B, T, H, K = q.shape
   dt = q.dtype
   p = tl.plan(B, T, cu_seqlens, chunk_size)
-  h0 = (jnp.zeros((p.n_seq, H, K, v.shape[-1]), F32) if initial_state is None
-        else initial_state.astype(F32))
-  g = jnp.zeros((B, T, H), F32) if g is None else g
-  G = tl.chunk_cumsum(tl.to_kernel(g, p, F32), p)
-  st = _Static(p.N, p.C, float(scale), interpret)
-  o, final = _core(st, p.seq, p.flags, p.empty, tl.to_kernel(q, p), tl.to_kernel(k, p, dt),
-                   tl.to_kernel(v, p, dt), G, tl.to_kernel(beta, p, F32), h0)
-  return tl.from_kernel(o, p), tl.passthrough_empty(final, h0, p.empty)
+  h0 = tl.initial_states(initial_state, p, (H, K, v.shape[-1]))
+  _, G = tl.log_gates(g, p, H)
+  xs = (tl.to_kernel(q, p), tl.to_kernel(k, p, dt), tl.to_kernel(v, p, dt), G,
+        tl.to_kernel(beta, p, F32))
+  o, final = tl.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
+  return tl.from_kernel(o, p), final

@@ -15,7 +15,8 @@ and kernels can address per-sequence states:
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -99,10 +100,19 @@ def from_kernel(y, p: Plan):
   return y[:, :p.T] if p.layout is None else varlen.unpack(y, p.layout)
 
 
-def chunk_cumsum(g, p: Plan):
-  """Chunk-local inclusive cumsum (float32) of kernel-layout gates [B, H, N*C, D]."""
+def log_gates(g, p: Plan, H: int):
+  """Log-decay gates [B, T, H] or [B, T, H, K] (None: no decay) -> float32 kernel layout g and its
+  chunk-local inclusive cumsum G, both [B, H, N*C, 1 or K]."""
+  g = to_kernel(jnp.zeros((p.B, p.T, H), F32) if g is None else g, p, F32)
   B, H, Tp, D = g.shape
-  return jnp.cumsum(g.reshape(B, H, p.N, p.C, D).astype(F32), axis=3).reshape(B, H, Tp, D)
+  return g, jnp.cumsum(g.reshape(B, H, p.N, p.C, D), axis=3).reshape(B, H, Tp, D)
+
+
+def initial_states(initial_state, p: Plan, shape):
+  """The float32 initial states [n_seq, *shape] (zeros when None)."""
+  if initial_state is None:
+    return jnp.zeros((p.n_seq, *shape), F32)
+  return initial_state.astype(F32)
 
 
 # --- BlockSpecs (index maps receive the grid indices, then the two scalar-prefetch refs) ----------
@@ -175,9 +185,109 @@ def load_final_state_grad(dS_ref, dfinal_ref, flags_ref, N: int):
     dS_ref[...] = dfinal_ref[...]
 
 
-def chunk_specs(C: int, dims, reverse: bool = False, N: int = 0):
-  return [chunk_spec(C, d, reverse, N) for d in dims]
-
-
 def shapes_like(*xs):
   return [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
+
+
+# --- one runner for every chunk kernel that carries a state across the chunk axis ----------------
+
+class StateKernel(NamedTuple):
+  """A family's chunk computation, written on the values of one chunk of one head.
+
+  forward(st, xs, S) -> (o [C, V], S_next); backward(st, xs, S, do, dS_next) -> (grads, dS), grads
+  for the chunk inputs (rank-4 arrays of `xs`, which come first) in their order. Rank-3 inputs
+  [H, 1, D] are per-head parameters; `head_grads(st, xs, do)` returns their cotangents (computed
+  outside the kernel). `st` is a hashable NamedTuple with at least N, C and interpret.
+  """
+  name: str
+  forward: Callable
+  backward: Callable
+  head_grads: Callable | None = None
+
+
+def _specs(st, xs, reverse=False):
+  return [chunk_spec(st.C, x.shape[-1], reverse, st.N) if x.ndim == 4 else head_spec(x.shape[1:])
+          for x in xs]
+
+
+def _forward_kernel(kern, st, n_in, with_states, seq_ref, flags_ref, *refs):
+  del seq_ref
+  ins, (h0_ref, o_ref, final_ref), rest = refs[:n_in], refs[n_in:n_in + 3], refs[n_in + 3:]
+  states_ref, S_ref = rest if with_states else (None, rest[0])
+  load_initial_state(S_ref, h0_ref, flags_ref)
+  S = S_ref[...]
+  if with_states:
+    states_ref[...] = S
+  o, S = kern.forward(st, tuple(r[...] for r in ins), S)
+  o_ref[...] = o.astype(o_ref.dtype)
+  S_ref[...] = S
+  final_ref[...] = S
+
+
+def _backward_kernel(kern, st, n_in, seq_ref, flags_ref, *refs):
+  del seq_ref
+  ins, (S_in_ref, do_ref, dfinal_ref), outs, dS_ref = (refs[:n_in], refs[n_in:n_in + 3],
+                                                       refs[n_in + 3:-1], refs[-1])
+  load_final_state_grad(dS_ref, dfinal_ref, flags_ref, st.N)
+  grads, dS = kern.backward(st, tuple(r[...] for r in ins), S_in_ref[...], do_ref[...], dS_ref[...])
+  for ref, x in zip(outs[:-1], grads):
+    ref[...] = x.astype(ref.dtype)
+  dS_ref[...] = dS
+  outs[-1][...] = dS
+
+
+def _forward(kern, st, seq, flags, xs, h0, with_states):
+  B, H, Tp = xs[0].shape[:3]
+  S_shape = h0.shape[2:]
+  out_specs = [chunk_spec(st.C, h0.shape[-1]), state_spec(S_shape)]
+  out_shape = [jax.ShapeDtypeStruct((B, H, Tp, h0.shape[-1]), xs[0].dtype),
+               jax.ShapeDtypeStruct(h0.shape, F32)]
+  if with_states:
+    out_specs.append(per_chunk_spec(S_shape))
+    out_shape.append(jax.ShapeDtypeStruct((B, H, st.N, *S_shape), F32))
+  kernel = functools.partial(_forward_kernel, kern, st, len(xs), with_states)
+  return call(kernel, (B, H, st.N), seq, flags, _specs(st, xs) + [state_spec(S_shape)], out_specs,
+              out_shape, [pltpu.VMEM(S_shape, F32)], st.interpret, kern.name + "_fwd")(*xs, h0)
+
+
+def _backward(kern, st, seq, flags, xs, states, do, dfinal):
+  B, H = xs[0].shape[:2]
+  N, S_shape = st.N, dfinal.shape[2:]
+  chunk_xs = [x for x in xs if x.ndim == 4]
+  in_specs = _specs(st, xs, True) + [per_chunk_spec(S_shape, True, N),
+                                      chunk_spec(st.C, do.shape[-1], True, N),
+                                      state_spec(S_shape, True, N)]
+  out_specs = _specs(st, chunk_xs, True) + [state_spec(S_shape, True, N)]
+  kernel = functools.partial(_backward_kernel, kern, st, len(xs))
+  return call(kernel, (B, H, N), seq, flags, in_specs, out_specs, shapes_like(*chunk_xs, dfinal),
+              [pltpu.VMEM(S_shape, F32)], st.interpret, kern.name + "_bwd")(*xs, states, do, dfinal)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _run(kern, st, seq, flags, empty, xs, h0):
+  return _forward(kern, st, seq, flags, xs, h0, with_states=False)
+
+
+def _run_fwd(kern, st, seq, flags, empty, xs, h0):
+  o, final, states = _forward(kern, st, seq, flags, xs, h0, with_states=True)
+  return (o, final), (seq, flags, empty, xs, states)
+
+
+def _run_bwd(kern, st, res, cts):
+  seq, flags, empty, xs, states = res
+  do, dfinal = cts
+  *grads, dh0 = _backward(kern, st, seq, flags, xs, states, do, dfinal)
+  if kern.head_grads is not None:
+    grads += list(kern.head_grads(st, xs, do))
+  dh0 = jnp.where(empty[:, None, None, None], 0.0, dh0)  # never visited by the kernel
+  return None, None, None, tuple(grads), dh0
+
+
+_run.defvjp(_run_fwd, _run_bwd)
+
+
+def run(kern: StateKernel, st, p: Plan, xs, h0):
+  """(o [B, H, N*C, V] in xs[0].dtype, final states [n_seq, H, *S] float32) of the chunk kernel
+  `kern` on kernel-layout inputs `xs`, differentiable (custom_vjp: the backward kernel)."""
+  o, final = _run(kern, st, p.seq, p.flags, p.empty, tuple(xs), h0)
+  return o, passthrough_empty(final, h0, p.empty)
