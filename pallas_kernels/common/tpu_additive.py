@@ -18,7 +18,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import F32, Decay, causal, dot, state_decay, state_gate_grad
+from pallas_kernels.common.tpu_math import (F32, Decay, as_col, causal, dot, like, state_decay,
+                                             state_gate_grad)
 
 
 class _Static(NamedTuple):
@@ -30,7 +31,8 @@ class _Static(NamedTuple):
 
 
 def _unpack(st: _Static, xs):
-  """q, k, v, G, Gq, u (Gq = G and u = None unless RWKV-6)."""
+  """q, k, v, G, Gq, u (Gq = G and u = None unless RWKV-6); gates as [C, 1] or [C, K]."""
+  xs = xs[:3] + tuple(map(as_col, xs[3:5 if st.rwkv else 4])) + xs[5:]
   return xs if st.rwkv else (*xs, xs[3], None)
 
 
@@ -74,7 +76,10 @@ def _backward(st: _Static, xs, S, do, dS):
   dG = state_gate_grad(-kf * rq, dk_out, k_out, S, dS, G_last)  # through the key side and the state
   if G.shape[1] == 1:
     dGq = jnp.sum(dGq, axis=1, keepdims=True)
-  grads = (dq, dk, dv, dG, dGq) if st.rwkv else (dq, dk, dv, dG + dGq)
+  if st.rwkv:
+    grads = (dq, dk, dv, like(dG, xs[3]), like(dGq, xs[4]))
+  else:
+    grads = (dq, dk, dv, like(dG + dGq, xs[3]))
   return grads, dS * gamma + dot(qf * eGq * scale, do, dt, ta=True)
 
 

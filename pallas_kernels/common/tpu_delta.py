@@ -21,8 +21,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import (F32, Decay, causal, dot, state_decay, state_gate_grad,
-                                             unit_lower_inverse)
+from pallas_kernels.common.tpu_math import (F32, Decay, as_col, causal, dot, like, state_decay,
+                                             state_gate_grad, unit_lower_inverse)
 
 
 class _Static(NamedTuple):
@@ -61,7 +61,7 @@ def _intra(q, k, v, G, beta, scale):
 
 
 def _forward(st: _Static, xs, S):
-  q, k, v, G, beta = xs
+  q, k, v, G, beta = xs[:3] + tuple(map(as_col, xs[3:]))
   dt = q.dtype
   c = _intra(q, k, v, G, beta, st.scale)
   v_new = c.u.astype(F32) - dot(c.w, S, dt)
@@ -70,7 +70,7 @@ def _forward(st: _Static, xs, S):
 
 
 def _backward(st: _Static, xs, S, do, dS):
-  q, k, v, G, beta = xs
+  q, k, v, G, beta = xs[:3] + tuple(map(as_col, xs[3:]))
   dt, scale = q.dtype, st.scale
   c = _intra(q, k, v, G, beta, scale)
   v_new = c.u.astype(F32) - dot(c.w, S, dt)
@@ -98,7 +98,7 @@ def _backward(st: _Static, xs, S, do, dS):
   dbeta = jnp.sum(c.kf * dkb, axis=1, keepdims=True) + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True)
   dG = dqg * qf * c.eG + dkbG * kbG + qf * lq - c.kf * rq + c.kb * la - c.kf * ra
   dG = state_gate_grad(dG, dk_out, c.k_out, S, dS, c.G_last)
-  return (dq, dk, dvb * beta, dG, dbeta), dS_prev
+  return (dq, dk, dvb * beta, like(dG, xs[3]), like(dbeta, xs[4])), dS_prev
 
 
 KERNEL = tl.StateKernel("delta_rule", _forward, _backward)
@@ -117,6 +117,6 @@ def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
   h0 = tl.initial_states(initial_state, p, (H, K, v.shape[-1]))
   _, G = tl.log_gates(g, p, H)
   xs = (tl.to_kernel(q, p), tl.to_kernel(k, p, dt), tl.to_kernel(v, p, dt), G,
-        tl.to_kernel(beta, p, F32))
+        tl.to_rows(tl.to_kernel(beta, p, F32), p))
   o, final = tl.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
   return tl.from_kernel(o, p), final

@@ -100,12 +100,20 @@ def from_kernel(y, p: Plan):
   return y[:, :p.T] if p.layout is None else varlen.unpack(y, p.layout)
 
 
+def to_rows(x, p: Plan):
+  """Per-token scalars in kernel layout [B, H, N*C, 1] -> rows [B, H, N, 1, C], one (1, C) block per
+  chunk (a (C, 1) block would be padded to 128 lanes, in VMEM and in HBM tiles)."""
+  B, H = x.shape[:2]
+  return x.reshape(B, H, p.N, 1, p.C)
+
+
 def log_gates(g, p: Plan, H: int):
-  """Log-decay gates [B, T, H] or [B, T, H, K] (None: no decay) -> float32 kernel layout g and its
-  chunk-local inclusive cumsum G, both [B, H, N*C, 1 or K]."""
+  """Log-decay gates [B, T, H] or [B, T, H, K] (None: no decay) -> float32 g and its chunk-local
+  inclusive cumsum G, as rows [B, H, N, 1, C] for a scalar gate, else [B, H, N*C, K]."""
   g = to_kernel(jnp.zeros((p.B, p.T, H), F32) if g is None else g, p, F32)
   B, H, Tp, D = g.shape
-  return g, jnp.cumsum(g.reshape(B, H, p.N, p.C, D), axis=3).reshape(B, H, Tp, D)
+  G = jnp.cumsum(g.reshape(B, H, p.N, p.C, D), axis=3).reshape(B, H, Tp, D)
+  return (to_rows(g, p), to_rows(G, p)) if D == 1 else (g, G)
 
 
 def initial_states(initial_state, p: Plan, shape):
@@ -122,6 +130,13 @@ def chunk_spec(C: int, D: int, reverse: bool = False, N: int = 0):
   if reverse:
     return pl.BlockSpec((None, None, C, D), lambda b, h, n, seq, fl: (b, h, N - 1 - n, 0))
   return pl.BlockSpec((None, None, C, D), lambda b, h, n, seq, fl: (b, h, n, 0))
+
+
+def row_spec(C: int, reverse: bool = False, N: int = 0):
+  """Chunk n (or N-1-n) of a [B, H, N, 1, C] row array (see `to_rows`)."""
+  if reverse:
+    return pl.BlockSpec((None, None, None, 1, C), lambda b, h, n, seq, fl: (b, h, N - 1 - n, 0, 0))
+  return pl.BlockSpec((None, None, None, 1, C), lambda b, h, n, seq, fl: (b, h, n, 0, 0))
 
 
 def state_spec(shape, reverse: bool = False, N: int = 0):
@@ -195,7 +210,8 @@ class StateKernel(NamedTuple):
   """A family's chunk computation, written on the values of one chunk of one head.
 
   forward(st, xs, S) -> (o [C, V], S_next); backward(st, xs, S, do, dS_next) -> (grads, dS), grads
-  for the chunk inputs (rank-4 arrays of `xs`, which come first) in their order. Rank-3 inputs
+  for the chunk inputs (the rank-4 arrays [B, H, N*C, D] and rank-5 rows [B, H, N, 1, C] of `xs`,
+  which come first; a kernel sees [C, D] and [1, C] blocks) in their order. Rank-3 inputs
   [H, 1, D] are per-head parameters; `head_grads(st, xs, do)` returns their cotangents (computed
   outside the kernel). `st` is a hashable NamedTuple with at least N, C and interpret.
   """
@@ -206,8 +222,13 @@ class StateKernel(NamedTuple):
 
 
 def _specs(st, xs, reverse=False):
-  return [chunk_spec(st.C, x.shape[-1], reverse, st.N) if x.ndim == 4 else head_spec(x.shape[1:])
-          for x in xs]
+  def spec(x):
+    if x.ndim == 5:
+      return row_spec(st.C, reverse, st.N)
+    if x.ndim == 4:
+      return chunk_spec(st.C, x.shape[-1], reverse, st.N)
+    return head_spec(x.shape[1:])
+  return [spec(x) for x in xs]
 
 
 def _forward_kernel(kern, st, n_in, with_states, seq_ref, flags_ref, *refs):
@@ -253,7 +274,7 @@ def _forward(kern, st, seq, flags, xs, h0, with_states):
 def _backward(kern, st, seq, flags, xs, states, do, dfinal):
   B, H = xs[0].shape[:2]
   N, S_shape = st.N, dfinal.shape[2:]
-  chunk_xs = [x for x in xs if x.ndim == 4]
+  chunk_xs = [x for x in xs if x.ndim >= 4]
   in_specs = _specs(st, xs, True) + [per_chunk_spec(S_shape, True, N),
                                       chunk_spec(st.C, do.shape[-1], True, N),
                                       state_spec(S_shape, True, N)]

@@ -57,6 +57,16 @@ def col_to_row(x):
   return jnp.sum(jnp.where(iota((D, D), 0) == iota((D, D), 1), x, 0.0), axis=0, keepdims=True)
 
 
+def as_col(x):
+  """A chunk's per-token scalars as a column [C, 1] (from a (1, C) row block); [C, K] passes."""
+  return row_to_col(x) if x.shape[0] == 1 else x
+
+
+def like(dx, x):
+  """A gradient [C, 1] or [C, K] in the block layout of its input x (a column back to a row)."""
+  return col_to_row(dx) if x.shape[0] == 1 else dx
+
+
 def causal(C: int, strict: bool):
   i, j = iota((C, C), 0), iota((C, C), 1)
   return i > j if strict else i >= j
