@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 F32 = jnp.float32
 SUB = 16  # sub-chunk for per-channel decays and for the blocked triangular inverse
@@ -208,3 +209,28 @@ def state_gate_grad(dG, dk_out, k_out, S, dS, G_last):
   else:
     last = last + col_to_row(dgamma) * jnp.exp(G_last)
   return dG + jnp.where(iota(dG.shape, 0) == dG.shape[0] - 1, last, 0.0)
+
+
+def shift_rows(x, s: int, reverse: bool = False):
+  """Row t of the result is row t - s of x (t + s if `reverse`); rows without one wrap around and
+  must be masked by the caller. A sublane rotation (pltpu.roll), no slicing."""
+  C = x.shape[0]
+  return pltpu.roll(x, C - s if reverse else s, 0)
+
+
+def decayed_prefix(x, G, reverse: bool = False):
+  """h_t = sum_{j <= t} exp(G_t - G_j) x_j (sum_{j >= t} exp(G_j - G_t) x_j if `reverse`) over the
+  rows of x [C, D] with the chunk-local log-decay cumsum G [C, D] (or None: no decay), by log2(C)
+  doubling steps (Hillis-Steele); every exponent is <= 0."""
+  C = x.shape[0]
+  rows = iota((C, 1), 0)
+  s = 1
+  while s < C:
+    has = (rows < C - s) if reverse else (rows >= s)
+    term = shift_rows(x, s, reverse)
+    if G is not None:
+      Gs = shift_rows(G, s, reverse)
+      term = term * masked_exp(Gs - G if reverse else G - Gs, has)
+    x = x + jnp.where(has, term, 0.0)
+    s *= 2
+  return x

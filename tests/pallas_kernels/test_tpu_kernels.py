@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tests.pallas_kernels import harness
-from tests.pallas_kernels import (test_delta_rule, test_gated_delta_rule, test_gla, test_kda,
-                                  test_linear_attn, test_retention, test_rwkv6, test_simple_gla)
+from tests.pallas_kernels import (test_delta_rule, test_gated_delta_rule, test_gla, test_hgrn,
+                                  test_kda, test_linear_attn, test_retention, test_rwkv6, test_simple_gla)
 
 
-def steep(case, **kw):
+def steep(case):
   """`case` with gate logits scaled by 10 (log decays down to about -30 per step)."""
   return dataclasses.replace(case, name=case.name + "[steep]",
                              make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0))
@@ -29,6 +29,7 @@ GDN, DELTA, KDA = test_gated_delta_rule.CASE, test_delta_rule.CASE, test_kda.CAS
 GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
 SIMPLE_GLA, RETENTION = test_simple_gla.BOTH, test_retention.TestRetention.CASES[0]
 LINEAR, LINEAR_NORM = test_linear_attn.CASE, test_linear_attn.NORMALIZED
+HGRN = test_hgrn.CASE
 
 # (case, T, H, K, V, dtype, varlen)
 CASES = [
@@ -51,6 +52,10 @@ CASES = [
     (RETENTION, 1, 2, 16, 16, "float32", False),
     (LINEAR, 130, 1, 128, 128, "bfloat16", False),
     (LINEAR_NORM, 65, 2, 16, 32, "float32", True),
+    (HGRN, 65, 1, 16, 16, "float32", False),      # D = H * V
+    (HGRN, 130, 2, 16, 128, "bfloat16", False),   # two 128-lane tiles
+    (HGRN, 130, 1, 16, 32, "float32", True),
+    (steep(HGRN), 65, 1, 16, 48, "float32", False),
 ]
 
 
@@ -60,7 +65,7 @@ def test_tpu_kernel_matches_reference(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="tpu", interpret=True, varlen=varlen)
 
 
-LOWER = [GDN, KDA, SIMPLE_GLA, RWKV6]
+LOWER = [GDN, KDA, SIMPLE_GLA, RWKV6, HGRN]
 
 
 @pytest.mark.parametrize("case", LOWER, ids=[c.name for c in LOWER])
