@@ -173,7 +173,7 @@ def call(kernel, grid, seq, flags, in_specs, out_specs, out_shape, scratch_shape
 
 def passthrough_empty(final, h0, empty):
   """Sequences without tokens keep their initial state (the kernels never visit them)."""
-  return jnp.where(empty[:, None, None, None], h0, final)
+  return jnp.where(empty.reshape(-1, *[1] * (final.ndim - 1)), h0, final)
 
 
 
@@ -213,7 +213,8 @@ class StateKernel(NamedTuple):
   for the chunk inputs (the rank-4 arrays [B, H, N*C, D] and rank-5 rows [B, H, N, 1, C] of `xs`,
   which come first; a kernel sees [C, D] and [1, C] blocks) in their order. Rank-3 inputs
   [H, 1, D] are per-head parameters; `head_grads(st, xs, do)` returns their cotangents (computed
-  outside the kernel). `st` is a hashable NamedTuple with at least N, C and interpret.
+  outside the kernel). The state S is one float32 array or a tuple of them (as the initial state
+  passed to `run` is). `st` is a hashable NamedTuple with at least N, C and interpret.
   """
   name: str
   forward: Callable
@@ -231,76 +232,96 @@ def _specs(st, xs, reverse=False):
   return [spec(x) for x in xs]
 
 
-def _forward_kernel(kern, st, n_in, with_states, seq_ref, flags_ref, *refs):
+def _split(refs, *sizes):
+  out, i = [], 0
+  for n in sizes:
+    out.append(refs[i:i + n])
+    i += n
+  return out
+
+
+def _forward_kernel(kern, st, n_in, n_s, tup, with_states, seq_ref, flags_ref, *refs):
   del seq_ref
-  ins, (h0_ref, o_ref, final_ref), rest = refs[:n_in], refs[n_in:n_in + 3], refs[n_in + 3:]
-  states_ref, S_ref = rest if with_states else (None, rest[0])
-  load_initial_state(S_ref, h0_ref, flags_ref)
-  S = S_ref[...]
-  if with_states:
-    states_ref[...] = S
-  o, S = kern.forward(st, tuple(r[...] for r in ins), S)
+  ins, h0s, (o_ref,), finals, states, Ss = _split(refs, n_in, n_s, 1, n_s, n_s if with_states else 0,
+                                                  n_s)
+  for S_ref, h0_ref in zip(Ss, h0s):
+    load_initial_state(S_ref, h0_ref, flags_ref)
+  S = tuple(r[...] for r in Ss)
+  for ref, x in zip(states, S):
+    ref[...] = x
+  o, S = kern.forward(st, tuple(r[...] for r in ins), S if tup else S[0])
   o_ref[...] = o.astype(o_ref.dtype)
-  S_ref[...] = S
-  final_ref[...] = S
+  for S_ref, final_ref, x in zip(Ss, finals, S if tup else (S,)):
+    S_ref[...] = x
+    final_ref[...] = x
 
 
-def _backward_kernel(kern, st, n_in, seq_ref, flags_ref, *refs):
+def _backward_kernel(kern, st, n_in, n_s, n_g, tup, seq_ref, flags_ref, *refs):
   del seq_ref
-  ins, (S_in_ref, do_ref, dfinal_ref), outs, dS_ref = (refs[:n_in], refs[n_in:n_in + 3],
-                                                       refs[n_in + 3:-1], refs[-1])
-  load_final_state_grad(dS_ref, dfinal_ref, flags_ref, st.N)
-  grads, dS = kern.backward(st, tuple(r[...] for r in ins), S_in_ref[...], do_ref[...], dS_ref[...])
-  for ref, x in zip(outs[:-1], grads):
+  ins, S_in, (do_ref,), dfinals, grad_refs, dh0s, dSs = _split(refs, n_in, n_s, 1, n_s, n_g, n_s, n_s)
+  for dS_ref, dfinal_ref in zip(dSs, dfinals):
+    load_final_state_grad(dS_ref, dfinal_ref, flags_ref, st.N)
+  S, dS = tuple(r[...] for r in S_in), tuple(r[...] for r in dSs)
+  grads, dS = kern.backward(st, tuple(r[...] for r in ins), S if tup else S[0], do_ref[...],
+                            dS if tup else dS[0])
+  for ref, x in zip(grad_refs, grads):
     ref[...] = x.astype(ref.dtype)
-  dS_ref[...] = dS
-  outs[-1][...] = dS
+  for dS_ref, dh0_ref, x in zip(dSs, dh0s, dS if tup else (dS,)):
+    dS_ref[...] = x
+    dh0_ref[...] = x
 
 
-def _forward(kern, st, seq, flags, xs, h0, with_states):
+def _forward(kern, st, tup, seq, flags, xs, h0s, with_states):
   B, H, Tp = xs[0].shape[:3]
-  S_shape = h0.shape[2:]
-  out_specs = [chunk_spec(st.C, h0.shape[-1]), state_spec(S_shape)]
-  out_shape = [jax.ShapeDtypeStruct((B, H, Tp, h0.shape[-1]), xs[0].dtype),
-               jax.ShapeDtypeStruct(h0.shape, F32)]
+  shapes = [h.shape[2:] for h in h0s]
+  V = shapes[0][-1]
+  out_specs = [chunk_spec(st.C, V)] + [state_spec(s) for s in shapes]
+  out_shape = [jax.ShapeDtypeStruct((B, H, Tp, V), xs[0].dtype)] + shapes_like(*h0s)
   if with_states:
-    out_specs.append(per_chunk_spec(S_shape))
-    out_shape.append(jax.ShapeDtypeStruct((B, H, st.N, *S_shape), F32))
-  kernel = functools.partial(_forward_kernel, kern, st, len(xs), with_states)
-  return call(kernel, (B, H, st.N), seq, flags, _specs(st, xs) + [state_spec(S_shape)], out_specs,
-              out_shape, [pltpu.VMEM(S_shape, F32)], st.interpret, kern.name + "_fwd")(*xs, h0)
+    out_specs += [per_chunk_spec(s) for s in shapes]
+    out_shape += [jax.ShapeDtypeStruct((B, H, st.N, *s), F32) for s in shapes]
+  kernel = functools.partial(_forward_kernel, kern, st, len(xs), len(h0s), tup, with_states)
+  outs = call(kernel, (B, H, st.N), seq, flags, _specs(st, xs) + [state_spec(s) for s in shapes],
+              out_specs, out_shape, [pltpu.VMEM(s, F32) for s in shapes], st.interpret,
+              kern.name + "_fwd")(*xs, *h0s)
+  n = len(h0s)
+  return outs[0], tuple(outs[1:1 + n]), tuple(outs[1 + n:])
 
 
-def _backward(kern, st, seq, flags, xs, states, do, dfinal):
+def _backward(kern, st, seq, flags, xs, states, do, dfinal, tup):
   B, H = xs[0].shape[:2]
-  N, S_shape = st.N, dfinal.shape[2:]
+  N, shapes = st.N, [s.shape[2:] for s in dfinal]
   chunk_xs = [x for x in xs if x.ndim >= 4]
-  in_specs = _specs(st, xs, True) + [per_chunk_spec(S_shape, True, N),
-                                      chunk_spec(st.C, do.shape[-1], True, N),
-                                      state_spec(S_shape, True, N)]
-  out_specs = _specs(st, chunk_xs, True) + [state_spec(S_shape, True, N)]
-  kernel = functools.partial(_backward_kernel, kern, st, len(xs))
-  return call(kernel, (B, H, N), seq, flags, in_specs, out_specs, shapes_like(*chunk_xs, dfinal),
-              [pltpu.VMEM(S_shape, F32)], st.interpret, kern.name + "_bwd")(*xs, states, do, dfinal)
+  in_specs = (_specs(st, xs, True) + [per_chunk_spec(s, True, N) for s in shapes]
+              + [chunk_spec(st.C, do.shape[-1], True, N)] + [state_spec(s, True, N) for s in shapes])
+  out_specs = _specs(st, chunk_xs, True) + [state_spec(s, True, N) for s in shapes]
+  kernel = functools.partial(_backward_kernel, kern, st, len(xs), len(shapes), len(chunk_xs), tup)
+  outs = call(kernel, (B, H, N), seq, flags, in_specs, out_specs,
+              shapes_like(*chunk_xs, *dfinal), [pltpu.VMEM(s, F32) for s in shapes], st.interpret,
+              kern.name + "_bwd")(*xs, *states, do, *dfinal)
+  return outs[:len(chunk_xs)], outs[len(chunk_xs):]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _run(kern, st, seq, flags, empty, xs, h0):
-  return _forward(kern, st, seq, flags, xs, h0, with_states=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _run(kern, st, tup, seq, flags, empty, xs, h0s):
+  o, final, _ = _forward(kern, st, tup, seq, flags, xs, h0s, with_states=False)
+  return o, final
 
 
-def _run_fwd(kern, st, seq, flags, empty, xs, h0):
-  o, final, states = _forward(kern, st, seq, flags, xs, h0, with_states=True)
+def _run_fwd(kern, st, tup, seq, flags, empty, xs, h0s):
+  o, final, states = _forward(kern, st, tup, seq, flags, xs, h0s, with_states=True)
   return (o, final), (seq, flags, empty, xs, states)
 
 
-def _run_bwd(kern, st, res, cts):
+def _run_bwd(kern, st, tup, res, cts):
   seq, flags, empty, xs, states = res
   do, dfinal = cts
-  *grads, dh0 = _backward(kern, st, seq, flags, xs, states, do, dfinal)
+  grads, dh0 = _backward(kern, st, seq, flags, xs, states, do, dfinal, tup)
+  grads = list(grads)
   if kern.head_grads is not None:
     grads += list(kern.head_grads(st, xs, do))
-  dh0 = jnp.where(empty[:, None, None, None], 0.0, dh0)  # never visited by the kernel
+  # Sequences without tokens are never visited by the kernel.
+  dh0 = tuple(jnp.where(empty.reshape(-1, *[1] * (d.ndim - 1)), 0.0, d) for d in dh0)
   return None, None, None, tuple(grads), dh0
 
 
@@ -308,7 +329,11 @@ _run.defvjp(_run_fwd, _run_bwd)
 
 
 def run(kern: StateKernel, st, p: Plan, xs, h0):
-  """(o [B, H, N*C, V] in xs[0].dtype, final states [n_seq, H, *S] float32) of the chunk kernel
-  `kern` on kernel-layout inputs `xs`, differentiable (custom_vjp: the backward kernel)."""
-  o, final = _run(kern, st, p.seq, p.flags, p.empty, tuple(xs), h0)
-  return o, passthrough_empty(final, h0, p.empty)
+  """(o [B, H, N*C, V] in xs[0].dtype, final states like h0, float32) of the chunk kernel `kern` on
+  kernel-layout inputs `xs` and initial states h0 ([n_seq, H, *S] float32, or a tuple of them; V is
+  the last dim of the first), differentiable (custom_vjp: the backward kernel)."""
+  tup = isinstance(h0, tuple)
+  h0s = h0 if tup else (h0,)
+  o, final = _run(kern, st, tup, p.seq, p.flags, p.empty, tuple(xs), h0s)
+  final = tuple(passthrough_empty(f, h, p.empty) for f, h in zip(final, h0s))
+  return o, final if tup else final[0]
