@@ -80,17 +80,17 @@ def plan(B: int, T: int, cu_seqlens=None, chunk_size: int = 64) -> Plan:
   return Plan(B, T, C, seq.shape[0], cu.shape[0] - 1, layout, seq, flags, cu[1:] == cu[:-1])
 
 
-def to_kernel(x, p: Plan, dtype=None):
-  """[B, T, H, *D] -> [B, H, N*C, prod(D) or 1], padded (or varlen re-packed) with zeros, which
-  leave every state unchanged (zero keys and values, zero log-decays)."""
+def to_kernel(x, p: Plan, dtype=None, pad_value=0.0):
+  """[B, T, H, *D] -> [B, H, N*C, prod(D) or 1], padded (or varlen re-packed) with `pad_value`;
+  zeros leave every state unchanged (zero keys and values, zero log-decays)."""
   B, T, H = x.shape[:3]
   x = x.reshape(B, T, H, -1)
   if dtype is not None:
     x = x.astype(dtype)
   if p.layout is not None:
-    x = varlen.pack(x, p.layout)
+    x = varlen.pack(x, p.layout, pad_value)
   else:
-    x = jnp.pad(x, ((0, 0), (0, p.N * p.C - T), (0, 0), (0, 0)))
+    x = jnp.pad(x, ((0, 0), (0, p.N * p.C - T), (0, 0), (0, 0)), constant_values=pad_value)
   return jnp.swapaxes(x, 1, 2)
 
 

@@ -16,20 +16,20 @@ import pytest
 
 from tests.pallas_kernels import harness
 from tests.pallas_kernels import (test_delta_rule, test_gated_delta_rule, test_gla, test_hgrn,
-                                  test_kda, test_linear_attn, test_retention, test_rwkv6, test_simple_gla)
+                                  test_kda, test_linear_attn, test_mlstm, test_retention, test_rwkv6, test_simple_gla)
 
 
-def steep(case):
+def steep(case, **kw):
   """`case` with gate logits scaled by 10 (log decays down to about -30 per step)."""
   return dataclasses.replace(case, name=case.name + "[steep]",
-                             make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0))
+                             make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0, **kw))
 
 
 GDN, DELTA, KDA = test_gated_delta_rule.CASE, test_delta_rule.CASE, test_kda.CASE
 GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
 SIMPLE_GLA, RETENTION = test_simple_gla.BOTH, test_retention.TestRetention.CASES[0]
 LINEAR, LINEAR_NORM = test_linear_attn.CASE, test_linear_attn.NORMALIZED
-HGRN = test_hgrn.CASE
+HGRN, MLSTM = test_hgrn.CASE, test_mlstm.CASE
 
 # (case, T, H, K, V, dtype, varlen)
 CASES = [
@@ -56,6 +56,11 @@ CASES = [
     (HGRN, 130, 2, 16, 128, "bfloat16", False),   # two 128-lane tiles
     (HGRN, 130, 1, 16, 32, "float32", True),
     (steep(HGRN), 65, 1, 16, 48, "float32", False),
+    (MLSTM, 65, 2, 16, 16, "float32", False),
+    (MLSTM, 130, 1, 128, 128, "bfloat16", False),
+    (MLSTM, 130, 1, 32, 16, "float32", True),
+    # As test_mlstm does at this gate scale: positive q, k keep the normalizer away from cancellation.
+    (steep(MLSTM, f_shift=0.0, positive_qk=True), 65, 1, 16, 16, "float32", False),
 ]
 
 
@@ -65,7 +70,7 @@ def test_tpu_kernel_matches_reference(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="tpu", interpret=True, varlen=varlen)
 
 
-LOWER = [GDN, KDA, SIMPLE_GLA, RWKV6, HGRN]
+LOWER = [GDN, KDA, SIMPLE_GLA, RWKV6, HGRN, MLSTM]
 
 
 @pytest.mark.parametrize("case", LOWER, ids=[c.name for c in LOWER])

@@ -1,0 +1,138 @@
+"""Mosaic TPU kernel for the xLSTM mLSTM (exponential input gate, sigmoid forget gate in log space,
+normalizer n and max-stabilizer m), forward and backward, for the StateKernel runner of tpu_layout.
+
+The state is the tuple (C [K, V], n [1, K], m [1, 1]), three float32 VMEM scratches carried across
+the chunk axis. Per chunk, with b the chunk-local cumsum of log f and i the input gates (rows
+[1, C], computed outside; padding tokens carry i = -1e30 so they write nothing):
+  L_ts = b_t - b_s + i_s (s <= t),  m_t = max(b_t + m, max_s L_ts)      (the recurrence's m_t)
+  P    = scale (q k^T) exp(L - m_t),  q~ = scale q exp(b_t + m - m_t)
+  o    = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + eps)
+  m'   = m_C,  w_s = exp(b_C - b_s + i_s - m'),  C' = exp(b_C + m - m') C + (k w)^T v,  n' likewise
+Every exp is of a masked, non-positive difference. The backward kernel differentiates exactly this,
+including the stabilizer path (max picks its argument; ties split evenly, as jax's max does).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from pallas_kernels.common import tpu_layout as tl
+from pallas_kernels.common.tpu_math import F32, causal, col, col_to_row, dot, iota, masked_exp, row
+from pallas_kernels.common.tpu_math import row_to_col
+
+
+class Static(NamedTuple):
+  N: int
+  C: int
+  scale: float
+  eps: float
+  interpret: object
+
+
+class _Chunk(NamedTuple):
+  b: jnp.ndarray       # [C, 1]
+  L: jnp.ndarray       # [C, C] log weights b_t - b_s + i_s (valid on s <= t)
+  mrow: jnp.ndarray    # [C, 1] max_s L_ts
+  x: jnp.ndarray       # [C, 1] b_t + m
+  m: jnp.ndarray       # [C, 1] the stabilizer m_t
+  E: jnp.ndarray       # [C, C] exp(L - m_t), masked
+  P: jnp.ndarray       # [C, C]
+  qt: jnp.ndarray      # [C, K] scale q exp(b_t + m - m_t)
+  num: jnp.ndarray     # [C, V]
+  den: jnp.ndarray     # [C, 1]
+  Z: jnp.ndarray       # [C, 1] max(|den|, exp(-m_t)) + eps
+  m_end: jnp.ndarray   # [1, 1]
+  decay: jnp.ndarray   # [1, 1] exp(b_C + m - m_end)
+  w: jnp.ndarray       # [C, 1] exp(b_C - b_s + i_s - m_end)
+  kw: jnp.ndarray      # [C, K] float32
+
+
+def _chunk(st: Static, xs, S) -> _Chunk:
+  q, k, v, b_r, i_r = xs
+  Cs, ns, ms = S
+  dt, C = q.dtype, st.C
+  mask = causal(C, False)
+  b, i = row_to_col(b_r), row_to_col(i_r)
+  L = b - b_r + i_r
+  mrow = jnp.max(jnp.where(mask, L, -jnp.inf), axis=1, keepdims=True)  # the diagonal is always in
+  x = b + ms
+  m = jnp.maximum(x, mrow)
+  E = masked_exp(L - m, mask)
+  P = dot(q, k, dt, tb=True) * st.scale * E
+  qt = q.astype(F32) * (st.scale * jnp.exp(x - m))
+  num = dot(qt, Cs, dt) + dot(P, v, dt)
+  den = jnp.sum(qt * ns, axis=1, keepdims=True) + jnp.sum(P, axis=1, keepdims=True)
+  Z = jnp.maximum(jnp.abs(den), jnp.exp(-m)) + st.eps
+  m_end, g = row(m, C - 1), col(b_r, C - 1)
+  w = jnp.exp(g - b + i - m_end)
+  return _Chunk(b, L, mrow, x, m, E, P, qt, num, den, Z, m_end, jnp.exp(g + ms - m_end), w,
+                k.astype(F32) * w)
+
+
+def _forward(st: Static, xs, S):
+  c = _chunk(st, xs, S)
+  Cs, ns, _ = S
+  v = xs[2]
+  C_next = c.decay * Cs + dot(c.kw, v, v.dtype, ta=True)
+  n_next = c.decay * ns + jnp.sum(c.kw, axis=0, keepdims=True)
+  return c.num / c.Z, (C_next, n_next, c.m_end)
+
+
+def _max_weight(a, b):
+  """d max(a, b) / da as jax assigns it: 1 where a > b, 1/2 on ties, else 0."""
+  return jnp.where(a > b, 1.0, jnp.where(a == b, 0.5, 0.0))
+
+
+def _backward(st: Static, xs, S, do, dS):
+  q, k, v, _, _ = xs
+  Cs, ns, _ = S
+  dC_next, dn_next, dm_next = dS
+  dt, C, scale = q.dtype, st.C, st.scale
+  c = _chunk(st, xs, S)
+  mask = causal(C, False)
+  rows = iota((C, 1), 0)
+  # o = num / Z, Z = max(|den|, exp(-m)) + eps.
+  do = do.astype(F32)
+  dnum = do / c.Z
+  dZ = -jnp.sum(do * c.num, axis=1, keepdims=True) / (c.Z * c.Z)
+  em = jnp.exp(-c.m)
+  wa = _max_weight(jnp.abs(c.den), em)
+  dden = dZ * wa * jnp.where(c.den > 0, 1.0, jnp.where(c.den < 0, -1.0, 0.0))  # d|den|: sign
+  dm = -em * dZ * (1.0 - wa)                                    # cotangent of m_t, accumulated
+  # num = q~ C + P v, den = q~ . n + sum_s P.
+  dqt = dot(dnum, Cs, dt, tb=True) + dden * ns
+  dCs = dot(c.qt, dnum, dt, ta=True) + c.decay * dC_next
+  dns = jnp.sum(dden * c.qt, axis=0, keepdims=True) + c.decay * dn_next
+  dP = jnp.where(mask, dot(dnum, v, dt, tb=True) + dden, 0.0)
+  dv = dot(c.P, dnum, dt, ta=True) + dot(c.kw, dC_next, dt)
+  # q~ = scale q exp(x - m), P = scale (q k^T) exp(L - m).
+  dz = jnp.sum(dqt * c.qt, axis=1, keepdims=True)              # d(x - m)
+  dQK = dP * c.E * scale
+  dq = dqt * (scale * jnp.exp(c.x - c.m)) + dot(dQK, k, dt)
+  dL = dP * c.P
+  dm = dm - dz - jnp.sum(dL, axis=1, keepdims=True)
+  # State: C' = decay C + (k w)^T v, n' = decay n + sum_s k_s w_s, m' = m_C.
+  ddecay = (jnp.sum(jnp.sum(Cs * dC_next, axis=1, keepdims=True), axis=0, keepdims=True)
+            + jnp.sum(ns * dn_next, axis=1, keepdims=True))
+  dkw = dot(v, dC_next, dt, tb=True) + dn_next
+  dk = dot(dQK, q, dt, ta=True) + dkw * c.w
+  dw = jnp.sum(dkw * k.astype(F32), axis=1, keepdims=True) * c.w  # d(log w_s)
+  zdec = ddecay * c.decay                                       # d(b_C + m - m')
+  sum_dw = jnp.sum(dw, axis=0, keepdims=True)
+  dm = dm + jnp.where(rows == C - 1, dm_next - zdec - sum_dw, 0.0)
+  # m_t = max(x_t, max_s L_ts), x = b + m.
+  wx = _max_weight(c.x, c.mrow)
+  dx = dm * wx + dz
+  hit = jnp.where(mask & (c.L == c.mrow), 1.0, 0.0)
+  dL = dL + hit * (dm * (1.0 - wx) / jnp.sum(hit, axis=1, keepdims=True))
+  dms = zdec + jnp.sum(dx, axis=0, keepdims=True)
+  # L_ts = b_t - b_s + i_s; log w_s = b_C - b_s + i_s - m'.
+  db_col = dx + jnp.sum(dL, axis=1, keepdims=True) - dw + jnp.where(rows == C - 1, zdec + sum_dw, 0.0)
+  dL_cols = jnp.sum(dL, axis=0, keepdims=True)
+  db = col_to_row(db_col) - dL_cols
+  di = col_to_row(dw) + dL_cols
+  return (dq, dk, dv, db, di), (dCs, dns, dms)
+
+
+KERNEL = tl.StateKernel("mlstm", _forward, _backward)
