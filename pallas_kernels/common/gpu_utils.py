@@ -165,32 +165,36 @@ def at_last(x, value):
   return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)
 
 
-def unit_lower_inverse(A, prec=None):
-  """(I + A)^-1 for a strictly lower-triangular float32 A [C, C] (C a multiple of 16).
+def block_unit_lower_inverse(A_blocks, prec=None):
+  """(I + A)^-1 of a strictly lower-triangular float32 A given as its 16 x 16 blocks.
 
-  Forward substitution on the 16 x 16 diagonal blocks (all blocks at once: step i solves row i of
-  every block), giving D^-1 for the block-diagonal part; then the block merge
-  (I + A)^-1 = (I + X)^-1 D^-1 with X = D^-1 E (E the strictly block-lower part, so X^4 = 0 for
-  C = 64) by Horner: D^-1 - X (D^-1 - X (D^-1 - X D^-1)).
+  A_blocks[p][q] (q <= p < n) holds rows 16p.., columns 16q.. of A (diagonal blocks strictly lower).
+  Returns T_blocks[p][q] (q <= p) of the inverse, float32. The diagonal blocks by forward
+  substitution (row i of all n blocks in one step, so they proceed together), then the merge
+  T_pq = -T_pp sum_{q <= m < p} A_pm T_mq, one sub-diagonal at a time (16 x 16 dots).
   """
-  C = A.shape[0]
-  r, c = iota((C, C), 0), iota((C, C), 1)
-  same = (r // SUB) == (c // SUB)
+  n = len(A_blocks)
+  r, c = iota((SUB, SUB), 0), iota((SUB, SUB), 1)
   eye = (r == c).astype(F32)
-  D = jnp.where(same, A, 0.0)
+  diag = tuple(A_blocks[p][p] for p in range(n))
 
-  def row(i, Dinv):
-    sel = (r % SUB) == i
-    d = jnp.sum(jnp.where(sel, D, 0.0), axis=0)       # column j of block b: D[row i of b, j]
-    x = jnp.sum(d[:, None] * Dinv, axis=0)            # column c of block b: (D Dinv)[row i of b, c]
-    return jnp.where(sel & same, eye - x[None, :], Dinv)
+  def row(i, Ts):
+    out = []
+    for A, Ti in zip(diag, Ts):
+      a = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)  # row i of A, along columns
+      x = jnp.sum(a[:, None] * Ti, axis=0)            # (A Ti)[i, :]
+      out.append(jnp.where(r == i, eye - x[None, :], Ti))
+    return tuple(out)
 
-  Dinv = lax.fori_loop(1, SUB, row, eye)
-  n_blocks = C // SUB
-  if n_blocks == 1:
-    return Dinv
-  X = dot(Dinv, A - D, prec)
-  Tm = Dinv
-  for _ in range(n_blocks - 1):
-    Tm = Dinv - dot(X, Tm, prec)
-  return Tm
+  Td = lax.fori_loop(1, SUB, row, (eye,) * n)
+  T = [[None] * n for _ in range(n)]
+  for p in range(n):
+    T[p][p] = Td[p]
+  for d in range(1, n):
+    for q in range(n - d):
+      p = q + d
+      acc = dot(A_blocks[p][q], T[q][q], prec)
+      for m in range(q + 1, p):
+        acc += dot(A_blocks[p][m], T[m][q], prec)
+      T[p][q] = -dot(T[p][p], acc, prec)
+  return T

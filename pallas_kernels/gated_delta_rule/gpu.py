@@ -3,17 +3,19 @@
 The math is xla.py's chunked WY/UT form (README.md); here each stage is a kernel:
 
 forward
-  1. `_wy_fwd`     grid (NT, B*H): A = strict(beta k k^T exp(G_i - G_j)), T = (I + A)^-1 (float32),
-                   w = T (beta exp(G) k), u = T (beta v).
+  1. `_wy_fwd`     grid (NT, B*H), in 16-row blocks: A = strict(beta k k^T exp(G_i - G_j)),
+                   T = (I + A)^-1 (float32: block forward substitution and merges; stored in the
+                   input dtype for the backward, as fla does), w = T (beta exp(G) k), u = T (beta v).
   2. `_state_pass` grid (B*H, V/BV): the chunk loop, float32 state [K, BV] in registers, output fused:
                    v' = u - w S;  o = scale exp(G) q S + P v';  S = exp(G_C) S + (exp(G_C - G) k)^T v'
                    with P = lower(scale q k^T exp(G_i - G_j)).
-backward (residuals: the inputs, w and u; states are recomputed, never stored by the forward)
+backward (residuals: the inputs, w, u and T; states are recomputed, never stored by the forward)
   3. `_state_pass` again, storing the chunk-start states h [B, NT, H, K, V] and v' in the input dtype.
   4. `_dh_pass`    grid (B*H, V/BV), chunks in reverse: dh (the state gradient at each chunk end),
                    dv' = P^T do + exp(G_C - G) k dh,  dh <- exp(G_C) dh + (scale exp(G) q)^T do - w^T dv'.
-  5. `_bwd_dqkw`   grid (NT, B*H): dq, the P- and state-parts of dk, dw = -dv' h^T, and dG.
-  6. `_bwd_wy`     grid (NT, B*H): back through w, u and T: dk, dv, dbeta and the rest of dG;
+  5. `_bwd_dqkw`   grid (NT, B*H, K/BK): dq, the P- and state-parts of dk, dw = -dv' h^T, and dG.
+  6. `_bwd_wy`     grid (NT, B*H): back through w, u and T (dA = -T^T dT T^T): dk, dv, dbeta and the
+                   rest of dG;
                    dg is the reverse chunk-local cumsum of dG.
 
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels);
@@ -34,9 +36,9 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.gpu_utils import (F32, Specs, at_last, chunk_cumsum, compiler_params,
-                                             decay, dot, dot_nt, dot_tn, head_major, iota,
-                                             lower_mask, next_pow2, pad_axis, precision, scale_rows,
-                                             unit_lower_inverse)
+                                             SUB, block_unit_lower_inverse, decay, dot, dot_nt,
+                                             dot_tn, head_major, lower_mask, next_pow2, pad_axis,
+                                             precision, scale_rows)
 
 CHUNK = 64
 MAX_DIM = 256
@@ -48,8 +50,11 @@ class Config(NamedTuple):
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
   warps_state: int = 4
   stages_state: int = 2
-  warps_chunk: int = 4    # chunk-parallel kernels
-  stages_chunk: int = 1
+  warps_wy: int = 4       # forward WY/UT kernel
+  bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
+  warps_dqkw: int = 4
+  warps_wy_bwd: int = 8
+  stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
 
 
@@ -87,32 +92,41 @@ def _sds(shape, dtype):
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
-def _kkt(k, G, beta, prec):
-  """(k k^T exp(G_i - G_j) strictly lower, A = beta_i * that) in float32, and the decay L."""
-  L = decay(G, strict=True)
-  KKL = dot_nt(k, k, prec) * L
-  return KKL, KKL * beta[:, None], L
-
-
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref):
-  k, G, beta = k_ref[...], g_ref[...], b_ref[...]
-  dt = k.dtype
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
+  """Everything in 16-row blocks: A's blocks, their inverse (T, stored for the backward), w and u."""
+  n = CHUNK // SUB
+  rows = [pl.ds(p * SUB, SUB) for p in range(n)]
+  dt = k_ref.dtype
   prec = precision(dt)
-  _, A, _ = _kkt(k, G, beta, prec)
-  Tm = unit_lower_inverse(A, prec).astype(dt)
-  w_ref[...] = dot(Tm, scale_rows(k, beta * jnp.exp(G), dt), prec).astype(w_ref.dtype)
-  u_ref[...] = dot(Tm, scale_rows(v_ref[...], beta, dt), prec).astype(u_ref.dtype)
+  ks = [k_ref[r, :] for r in rows]
+  Gs = [g_ref[r] for r in rows]
+  bs = [b_ref[r] for r in rows]
+  A = [[None] * n for _ in range(n)]
+  for p in range(n):
+    for q in range(p + 1):
+      L = decay(Gs[p], strict=True) if p == q else jnp.exp(Gs[p][:, None] - Gs[q][None, :])
+      A[p][q] = dot_nt(ks[p], ks[q], prec) * L * bs[p][:, None]
+  T = block_unit_lower_inverse(A, prec)
+  kb = [scale_rows(ks[q], bs[q] * jnp.exp(Gs[q]), dt) for q in range(n)]
+  vb = [scale_rows(v_ref[rows[q], :], bs[q], dt) for q in range(n)]
+  for p in range(n):
+    Tp = [T[p][q].astype(dt) for q in range(p + 1)]
+    for q in range(n):
+      t_ref[rows[p], rows[q]] = Tp[q] if q <= p else jnp.zeros((SUB, SUB), dt)
+    w_ref[rows[p], :] = sum(dot(Tp[q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
+    u_ref[rows[p], :] = sum(dot(Tp[q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
 
 
 def _wy_fwd(k, v, G, beta, st: _Static):
+  """Returns w [B, T, H, K], u [B, T, H, V] and the chunk inverses T [B, T, H, C] (input dtype)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   return _call(_wy_fwd_kernel, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
-               [sp.chunk_tok(K), sp.chunk_tok(V)],
-               [_sds(k.shape, k.dtype), _sds(v.shape, k.dtype)], st,
-               st.cfg.warps_chunk, st.cfg.stages_chunk)(k, v, G, beta)
+               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
+               [_sds(k.shape, k.dtype), _sds(v.shape, k.dtype), _sds((B, T, H, CHUNK), k.dtype)], st,
+               st.cfg.warps_wy, st.cfg.stages_chunk)(k, v, G, beta)
 
 
 # --- 2./3. forward state pass ---------------------------------------------------------------------
@@ -264,16 +278,17 @@ def _dh_pass(q, k, w, do, G, dht, starts, ends, st: _Static):
 
 # --- 5. dq, dk (attention and state parts), dw ----------------------------------------------------
 
-def _bwd_dqkw_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref,
+def _bwd_dqkw_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref,
                      dq_ref, dk_ref, dw_ref, dg_ref, *, scale, bv):
+  """One chunk and one key tile (qt, kt, h, dh hold that tile of the key axis)."""
   C = CHUNK
-  q, k, G = q_ref[...], k_ref[...], g_ref[...]
+  qt, kt, G = qt_ref[...], kt_ref[...], g_ref[...]
   g_last = g_ref[C - 1]
-  dt = q.dtype
+  dt = qt.dtype
   prec = precision(dt)
-  K, V = h_ref.shape
+  BK, V = h_ref.shape
   dP = jnp.zeros((C, C), F32)
-  dq1 = dks = dw = jnp.zeros((C, K), F32)
+  dq1 = dks = dw = jnp.zeros((C, BK), F32)
   hdh = jnp.zeros((), F32)
   for j in range(V // bv):
     vs = pl.ds(j * bv, bv)
@@ -285,12 +300,12 @@ def _bwd_dqkw_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref
     hdh += jnp.sum(h.astype(F32) * dh.astype(F32))
   dq_state = scale_rows(dq1, jnp.exp(G) * scale)
   dQK = dP * (decay(G) * scale)                      # gradient of the scores q k^T
-  dq = dq_state + dot(dQK.astype(dt), k, prec)
+  dq = dq_state + dot(dQK.astype(dt), kt, prec)
   dk_state = scale_rows(dks, jnp.exp(g_last - G))
-  dk = dot_tn(dQK.astype(dt), q, prec) + dk_state
-  Z = dQK * dot_nt(q, k, prec)                       # dP * P
-  z = jnp.sum(dk_state * k.astype(F32), axis=1)
-  dG = jnp.sum(dq_state * q.astype(F32), axis=1) + jnp.sum(Z, axis=1) - jnp.sum(Z, axis=0) - z
+  dk = dot_tn(dQK.astype(dt), qt, prec) + dk_state
+  Z = dQK * dot_nt(qt, kt, prec)                     # this key tile's share of dP * P
+  z = jnp.sum(dk_state * kt.astype(F32), axis=1)
+  dG = jnp.sum(dq_state * qt.astype(F32), axis=1) + jnp.sum(Z, axis=1) - jnp.sum(Z, axis=0) - z
   dg_ref[...] = at_last(dG, jnp.sum(z) + jnp.exp(g_last) * hdh)
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk
@@ -298,30 +313,36 @@ def _bwd_dqkw_kernel(q_ref, k_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref
 
 
 def _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st: _Static):
+  """dq, dk (float32, without the WY part), dw, and dG [B, H, T] (summed over key tiles)."""
   B, T, H, K = q.shape
   V = do.shape[-1]
-  sp = Specs(H, CHUNK, T)
+  BK = min(st.cfg.bk_dqkw, K)
+  NK = K // BK
+  C = CHUNK
   kern = functools.partial(_bwd_dqkw_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
-  return _call(kern, (sp.NT, B * H),
-               [sp.chunk_tok(K)] * 2 + [sp.chunk_gate()] + [sp.chunk_state(K, V)] * 2
-               + [sp.chunk_tok(V)] * 3,
-               [sp.chunk_tok(K)] * 3 + [sp.chunk_gate()],
-               [_sds(q.shape, q.dtype), _sds(q.shape, F32), _sds(q.shape, q.dtype), _sds(G.shape, F32)],
-               st, st.cfg.warps_chunk, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
+  tok = lambda D, tile: pl.BlockSpec((None, C, None, D), lambda n, bh, ik: (bh // H, n, bh % H, ik if tile else 0))
+  state = pl.BlockSpec((None, None, None, BK, V), lambda n, bh, ik: (bh // H, n, bh % H, ik, 0))
+  gate = pl.BlockSpec((None, None, C), lambda n, bh, ik: (bh // H, bh % H, n))
+  dgate = pl.BlockSpec((None, None, None, C), lambda n, bh, ik: (ik, bh // H, bh % H, n))
+  dq, dk, dw, dG = _call(kern, (T // C, B * H, NK),
+                         [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,
+                         [tok(BK, True)] * 3 + [dgate],
+                         [_sds(q.shape, q.dtype), _sds(q.shape, F32), _sds(q.shape, q.dtype),
+                          _sds((NK, *G.shape), F32)],
+                         st, st.cfg.warps_dqkw, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
+  return dq, dk, dw, jnp.sum(dG, axis=0)
 
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------
 
-def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
+def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
                    dk_ref, dv_ref, db_ref, dg_ref, *, bv):
+  """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype)."""
   C = CHUNK
-  k, G, beta = k_ref[...], g_ref[...], b_ref[...]
+  k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
   dt = k.dtype
   prec = precision(dt)
   V = v_ref.shape[1]
-  KKL, A, L = _kkt(k, G, beta, prec)
-  Tm = unit_lower_inverse(A, prec)
-  Tc = Tm.astype(dt)
   dT = jnp.zeros((C, C), F32)
   dbeta = jnp.zeros((C,), F32)
   for j in range(V // bv):
@@ -336,7 +357,10 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
   kb = scale_rows(k, be)
   dkb = dot_tn(Tc, dw, prec)                          # T^T dw
   dT += dot_nt(dw, kb.astype(dt), prec)
-  dA = -dot_nt(dot_tn(Tm, dT, prec), Tm, prec)        # -T^T dT T^T
+  dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
+  L = decay(G, strict=True)
+  KKL = dot_nt(k, k, prec) * L                        # A = diag(beta) KKL
+  A = scale_rows(KKL, beta)
   dA = jnp.where(lower_mask(C, strict=True), dA, 0.0)
   M = dA * A
   dbeta += jnp.sum(dkb * k.astype(F32), axis=1) * jnp.exp(G) + jnp.sum(dA * KKL, axis=1)
@@ -348,17 +372,17 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
   dg_ref[...] = dG
 
 
-def _bwd_wy(k, v, G, beta, dw, du, dk1, dG1, st: _Static):
+def _bwd_wy(k, v, G, beta, Tinv, dw, du, dk1, dG1, st: _Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_bwd_wy_kernel, bv=min(st.cfg.bv_chunk, V))
   return _call(kern, (sp.NT, B * H),
-               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate(), sp.chunk_tok(K),
-                sp.chunk_tok(V), sp.chunk_tok(K), sp.chunk_gate()],
+               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate(), sp.chunk_tok(CHUNK),
+                sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(K), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [_sds(k.shape, k.dtype), _sds(v.shape, v.dtype), _sds(G.shape, F32), _sds(G.shape, F32)],
-               st, st.cfg.warps_chunk, st.cfg.stages_chunk)(k, v, G, beta, dw, du, dk1, dG1)
+               st, st.cfg.warps_wy_bwd, st.cfg.stages_chunk)(k, v, G, beta, Tinv, dw, du, dk1, dG1)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------
@@ -370,19 +394,19 @@ def _gdn(st: _Static, q, k, v, g, beta, h0, starts, ends):
 
 def _gdn_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
-  w, u = _wy_fwd(k, v, G, beta, st)
+  w, u, Tinv = _wy_fwd(k, v, G, beta, st)
   o, ht = _state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
-  return (o, ht), (q, k, v, G, beta, h0, w, u, starts, ends)
+  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, starts, ends)
 
 
 def _gdn_bwd(st, res, cts):
-  q, k, v, G, beta, h0, w, u, starts, ends = res
+  q, k, v, G, beta, h0, w, u, Tinv, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
   h, vn = _state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
   dh, dvn, dh0 = _dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st)
   dq, dk1, dw, dG1 = _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st)
-  dk, dv, dbeta, dG = _bwd_wy(k, v, G, beta, dw, dvn, dk1, dG1, st)
+  dk, dv, dbeta, dG = _bwd_wy(k, v, G, beta, Tinv, dw, dvn, dk1, dG1, st)
   dg = chunk_cumsum(dG, CHUNK, reverse=True)
   return dq, dk, dv, dg, dbeta, dh0, None, None
 
