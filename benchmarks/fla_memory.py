@@ -2,10 +2,12 @@
 for benchmarks/ops.py's ratios. Torch + flash-linear-attention only; run on the GPU host beside
 ../shared/bench/fla_ops_h200.py:
 
-    RESULTS_DIR=DIR python benchmarks/fla_memory.py     # writes DIR/fla_memory.json
+    RESULTS_DIR=DIR [ONLY=gated_delta_rule,...] [EXTRAS=1] python benchmarks/fla_memory.py
+                                                         # writes DIR/fla_memory.json
 
 Inputs as fla_ops_h200.py draws them (bf16 q, k, v; unit-norm k; float32 log-sigmoid gates and
-sigmoid beta). Peak = torch.cuda.max_memory_allocated during one fwd+bwd (inputs, do and gradients
+sigmoid beta); EXTRAS=1 adds GDN at T in {2048, 8192, 32768} (65,536 tokens per step, timed too).
+Peak = torch.cuda.max_memory_allocated during one fwd+bwd (inputs, do and gradients
 included), gradients with respect to every input.
 """
 import json
@@ -61,8 +63,9 @@ def measure(name, B, T, H=16, K=128, V=128, timing=False):
 def main():
   out = os.environ.get("RESULTS_DIR", "results")
   os.makedirs(out, exist_ok=True)
-  res = {name: {"4096": measure(name, 4, 4096)} for name in OPS}
-  for T in (2048, 8192, 32768):
+  only = os.environ.get("ONLY", ",".join(OPS)).split(",")
+  res = {name: {"4096": measure(name, 4, 4096)} for name in OPS if name in only}
+  for T in ((2048, 8192, 32768) if os.environ.get("EXTRAS", "0") == "1" else ()):
     res["gated_delta_rule"][str(T)] = measure("gated_delta_rule", 65536 // T, T, timing=True)
   print(json.dumps(res))
   json.dump(res, open(os.path.join(out, "fla_memory.json"), "w"), indent=1)

@@ -32,6 +32,15 @@ import numpy as np  # noqa: E402
 from pallas_kernels.bench import make_inputs  # noqa: E402
 
 INTERPRET = False  # --interpret: run the Pallas paths interpreted (a CPU smoke test of this script)
+def _variants():
+  """Configs to time: env VARIANTS="bv_state=16,warps_dqkw=8+bk_dqkw=128" (',' between variants,
+  '+' between the fields of one)."""
+  from pallas_kernels.gated_delta_rule.gpu import Config
+  spec = os.environ.get("VARIANTS", "bv_state=16,warps_dqkw=8")
+  return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
+               for v in spec.split(","))
+
+
 FLA_NAMES = {"gated_delta_rule": "gated_delta_rule", "delta_rule": "delta_rule",
              "simple_gla": "simple_gla(mamba2-like)"}
 
@@ -110,7 +119,7 @@ def stage_profile(inputs, config=None):
   G, b = chunk_cumsum(head_major(g), gpu.CHUNK), head_major(beta)
   h0 = jnp.zeros((B, H, K, V), jnp.float32)
   z = jnp.zeros((1,), jnp.int32)
-  w, u = jax.jit(lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st))(k, v, G, b)
+  w, u, Tinv = jax.jit(lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st))(k, v, G, b)
   do = jnp.asarray(np.random.default_rng(1).standard_normal(v.shape, dtype=np.float32), v.dtype)
   stages = {
       "fwd.wy": (lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st), (k, v, G, b)),
@@ -123,8 +132,8 @@ def stage_profile(inputs, config=None):
   stages["bwd.dqkw"] = (lambda q, k, G, h, dh, do, vn, dvn: gpu._bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st),
                         (q, k, G, h, dh, do, vn, dvn))
   dq, dk1, dw, dG1 = jax.jit(stages["bwd.dqkw"][0])(*stages["bwd.dqkw"][1])
-  stages["bwd.wy"] = (lambda k, v, G, b, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, dw, dvn, dk1, dG1, st),
-                      (k, v, G, b, dw, dvn, dk1, dG1))
+  stages["bwd.wy"] = (lambda k, v, G, b, Ti, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, Ti, dw, dvn, dk1, dG1, st),
+                      (k, v, G, b, Tinv, dw, dvn, dk1, dG1))
   return {name: device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
 
 
@@ -148,6 +157,7 @@ def main(argv=None):
   p.add_argument("--variants", action="store_true")
   p.add_argument("--scaling", action="store_true")
   p.add_argument("--interpret", action="store_true")
+  p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
   p.add_argument("--shape", default="4,4096,16,128,128", help="B,T,H,K,V")
   a = p.parse_args(argv)
   B, T, H, K, V = map(int, a.shape.split(","))
@@ -155,8 +165,10 @@ def main(argv=None):
   INTERPRET = a.interpret
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; B={B} T={T} H={H} K={K} V={V} bf16",
         flush=True)
-  inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
   fla, fla_mem = load_fla(a.fla)
+  if a.report:
+    return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla, fla_mem)
+  inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
   res = dict(rows=[], profile={}, variants=[], scaling=[])
 
   def run(label, f, *args, **kw):
@@ -176,10 +188,8 @@ def main(argv=None):
   if a.profile:
     res["profile"] = run("profile", stage_profile, inputs) or {}
   if a.variants:
-    from pallas_kernels.gated_delta_rule.gpu import Config
-    for cfg in (Config(bv_state=64), Config(warps_state=8), Config(bv_state=64, warps_state=8),
-                Config(stages_state=3), Config(warps_chunk=8), Config(bv_chunk=32),
-                Config(stages_chunk=2)):
+    VARIANTS = _variants()
+    for cfg in VARIANTS:
       r = run(f"variant {cfg}", time_op, "gated_delta_rule", "gpu", inputs, config=cfg, memory=False)
       res["variants"].append(dict(config=cfg._asdict(), **r))
   if a.scaling:
