@@ -13,7 +13,7 @@ grep -v "^ *File\|^    \|^Traceback\|^---\|^For simplicity" "$OUT/ops.log" | gre
 FLA_ONLY=${FLA_ONLY:-gated_delta_rule}
 (cd .fla && PYTHONPATH=/tmp/site RESULTS_DIR="$OUT" ONLY="$FLA_ONLY" EXTRAS=0 \
   timeout "${T_FLA:-200}" python3 fla_ops_h200.py > "$OUT/fla_ops.log" 2>&1) || echo "fla_ops rc=$?"
-PYTHONPATH=/tmp/site RESULTS_DIR="$OUT" ONLY="$FLA_ONLY" timeout 60 python3 benchmarks/fla_memory.py \
+PYTHONPATH=/tmp/site RESULTS_DIR="$OUT" ONLY="$FLA_ONLY" timeout "${T_FLAMEM:-60}" python3 benchmarks/fla_memory.py \
   > "$OUT/fla_memory.log" 2>&1 || echo "fla_memory rc=$?"
 grep "^gated\|^delta\|^simple" "$OUT/fla_ops.log"; tail -n 1 "$OUT/fla_memory.log"
 python3 benchmarks/ops.py --report --fla "$OUT" --out "$OUT" 2>&1 | tail -20
