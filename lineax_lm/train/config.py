@@ -1,0 +1,26 @@
+"""The base training config; files in configs/ start from it and override a few fields."""
+from __future__ import annotations
+
+import ml_collections
+
+from lineax_lm.data.pipeline import default_data_config
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # lineax_lm.models.hybrid.ModelConfig fields (any subset; the rest keep their defaults).
+  c.model = ml_collections.ConfigDict(dict(
+      vocab_size=256, num_layers=4, hidden=128, heads=4, mixer="gated_deltanet", attn_ratio="pure",
+      tie_embeddings=False, dtype="float32", param_dtype="float32", remat="none", backend="auto",
+      mixer_cfg=ml_collections.ConfigDict()))
+  c.data = default_data_config()
+  c.train = ml_collections.ConfigDict(dict(
+      steps=1000, grad_accum=1,  # batch size: config.data.global_batch_size
+      lr=1e-3, min_lr_ratio=0.1, warmup_steps=100, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
+      clip_norm=1.0,
+      log_every=50, checkpoint_every=500, keep_checkpoints=3, async_checkpointing=True,
+      restore_step=-1))  # -1: the latest checkpoint
+  c.eval = ml_collections.ConfigDict(dict(every=500, steps=4, seed=10_000))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
+  return c

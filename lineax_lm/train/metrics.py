@@ -1,0 +1,75 @@
+"""Training metrics: TensorBoard event files (tensorboardX, no TensorFlow), metrics.jsonl, and a
+progress bar on a TTY (plain log lines otherwise)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+log = logging.getLogger("lineax_lm")
+
+# Dense bf16 peak FLOP/s per device, for the MFU estimate (vendor datasheets).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12,
+              "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v4": 275e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12}
+
+
+def peak_flops_per_device() -> float | None:
+  kind = jax.devices()[0].device_kind
+  for name, flops in sorted(PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
+    if name.lower() in kind.lower():
+      return flops
+  return None
+
+
+def device_memory_gib() -> float | None:
+  stats = jax.local_devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use", stats.get("bytes_in_use"))
+  return None if peak is None else peak / 2**30
+
+
+class MetricsWriter:
+  """Writes scalars to TensorBoard and metrics.jsonl (process 0 only) and shows progress."""
+
+  def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool | None = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.tb = None
+    self.jsonl = None
+    self.bar = None
+    if not self.enabled:
+      return
+    from tensorboardX import SummaryWriter
+    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    if sys.stderr.isatty():
+      from tqdm import tqdm
+      self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+  def write(self, step: int, scalars: dict, advance: int = 0):
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in scalars.items() if v is not None and np.isscalar(np.asarray(v).item())}
+    for name, value in scalars.items():
+      self.tb.add_scalar(name, value, step)
+    self.jsonl.write(json.dumps({"step": step, "time": time.time(), **scalars}) + "\n")
+    self.jsonl.flush()
+    short = {k: scalars[k] for k in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu") if k in scalars}
+    if self.bar is not None:
+      self.bar.set_postfix({k: f"{v:.4g}" for k, v in short.items()}, refresh=False)
+    else:
+      log.info("step %d  %s", step, "  ".join(f"{k}={v:.4g}" for k, v in short.items()))
+
+  def advance(self, n: int = 1):
+    if self.bar is not None:
+      self.bar.update(n)
+
+  def close(self):
+    if self.enabled:
+      self.tb.close()
+      self.jsonl.close()
+      if self.bar is not None:
+        self.bar.close()

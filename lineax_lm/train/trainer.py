@@ -1,0 +1,258 @@
+"""The training loop: `train_and_evaluate(config, workdir)`.
+
+One jitted train step over a (data, fsdp, tensor) mesh, with parameters sharded by their logical axes
+and the batch split over (data, fsdp). Mixed precision: float32 master weights, activations in
+`model.dtype` (bf16 on accelerators). Gradient accumulation sums exact token-weighted gradients over
+micro-batches, so accumulating equals one big batch. A non-finite loss or gradient leaves the state
+unchanged, and the loop stops with a checkpoint of that last good state. SIGTERM / SIGINT save and
+exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG and data iterator).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from lineax_lm.data.pipeline import data_vocab_size, make_dataset
+from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.train import checkpoint, metrics as metrics_lib, optim, sharding
+
+log = logging.getLogger("lineax_lm")
+F32 = jnp.float32
+
+
+class TrainingStopped(RuntimeError):
+  """Raised when training stops on a non-finite loss (after saving the last good state)."""
+
+
+# ------------------------------------------------------------------------------ config checks
+def validate_config(config, mesh) -> ModelConfig:
+  """Fails before anything compiles, naming the config field that is wrong."""
+  try:
+    model_cfg = ModelConfig.from_config(config.model)
+    model_cfg.linear_mixer_config()  # unknown mixer / mixer option
+  except ValueError as e:
+    raise ValueError(f"config.model: {e}") from None
+  ratio = str(model_cfg.attn_ratio)
+  if model_cfg.attn_layers is None and ratio.endswith(":1") and int(ratio.split(":")[0]) > model_cfg.num_layers:
+    raise ValueError(f"config.model.attn_ratio={ratio!r} needs at least {ratio.split(':')[0]} linear "
+                     f"layers per attention layer, but config.model.num_layers={model_cfg.num_layers}; "
+                     "use a smaller ratio or list the layers in config.model.attn_layers")
+  vocab = data_vocab_size(config.data)
+  if model_cfg.vocab_size < vocab:
+    raise ValueError(f"config.model.vocab_size={model_cfg.vocab_size} is smaller than the data's "
+                     f"vocabulary ({vocab} ids from config.data)")
+  batch, accum = config.data.global_batch_size, config.train.grad_accum
+  shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  for what, n in (("config.train.grad_accum", accum), ("the number of processes", jax.process_count())):
+    if batch % n:
+      raise ValueError(f"config.data.global_batch_size={batch} is not divisible by {what} ({n})")
+  if (batch // accum) % shards:
+    raise ValueError(f"config.data.global_batch_size / config.train.grad_accum = {batch // accum} is not "
+                     f"divisible by the mesh's batch axes data*fsdp ({shards})")
+  return model_cfg
+
+
+# ------------------------------------------------------------------------------ state and steps
+@dataclasses.dataclass
+class Trainer:
+  """Everything jitted for one config on one mesh."""
+  config: object
+  model_cfg: ModelConfig
+  mesh: jax.sharding.Mesh
+
+  def __post_init__(self):
+    self.tx = optim.make_optimizer(self.config.train)
+    self.schedule = optim.learning_rate_schedule(self.config.train)
+    abstract_model = nnx.eval_shape(lambda: HybridLM(self.model_cfg, nnx.Rngs(0)))
+    self.graphdef, abstract_params, rest = nnx.split(abstract_model, nnx.Param, ...)
+    if jax.tree_util.tree_leaves(rest):
+      raise NotImplementedError("the train step assumes a model whose only state is nnx.Param")
+    self.num_params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract_params))
+    param_sh = sharding.state_shardings(abstract_params, self.mesh)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, param_sh,
+                                   transform_non_params=lambda _: sharding.replicated(self.mesh))
+    rep = sharding.replicated(self.mesh)
+    self.state_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
+    self.batch_sharding = sharding.batch_sharding(self.mesh)
+    self.init = jax.jit(self._init, out_shardings=self.state_sharding)
+    self.train_step = jax.jit(self._train_step, donate_argnums=0,
+                              out_shardings=(self.state_sharding, rep))
+    self.eval_step = jax.jit(self._eval_step, out_shardings=rep)
+
+  def abstract_state(self):
+    return jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        jax.eval_shape(self._init), self.state_sharding)
+
+  def _init(self):
+    model = HybridLM(self.model_cfg, nnx.Rngs(self.config.seed))
+    params = nnx.state(model, nnx.Param)
+    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
+                rng=jax.random.key_data(jax.random.key(self.config.seed)))
+
+  def _sums(self, params, batch):
+    """Token-summed loss, correct-token count and loss-token count of one (micro-)batch."""
+    model = nnx.merge(self.graphdef, params)
+    logits = model(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+    mask = batch["loss_mask"].astype(F32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(F32)
+    return jnp.sum(ce * mask), (jnp.sum(correct * mask), jnp.sum(mask))
+
+  def _grads(self, params, batch):
+    accum = self.config.train.grad_accum
+    grad_fn = jax.value_and_grad(self._sums, has_aux=True)
+    if accum == 1:
+      (loss_sum, (correct, count)), grads = grad_fn(params, batch)
+      return grads, loss_sum, correct, count
+    micro = jax.tree_util.tree_map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+    def body(carry, mb):
+      (l, (c, n)), g = grad_fn(params, mb)
+      return jax.tree_util.tree_map(jnp.add, carry, (g, l, c, n)), None
+    zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), *(jnp.zeros((), F32),) * 3)
+    (grads, loss_sum, correct, count), _ = jax.lax.scan(body, zeros, micro)
+    return grads, loss_sum, correct, count
+
+  def _train_step(self, state, batch):
+    grads, loss_sum, correct, count = self._grads(state["params"], batch)
+    n = jnp.maximum(count, 1.0)
+    grads = jax.tree_util.tree_map(lambda g: g / n, grads)
+    loss, grad_norm = loss_sum / n, optax.global_norm(grads)
+    updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+    new = dict(step=state["step"] + 1, params=optax.apply_updates(state["params"], updates),
+               opt_state=opt_state, rng=state["rng"])
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, state)
+    return new, dict(loss=loss, grad_norm=grad_norm, accuracy=correct / n, lr=self.schedule(state["step"]),
+                     ok=ok)
+
+  def _eval_step(self, params, batch):
+    loss_sum, (correct, count) = self._sums(params, batch)
+    return dict(loss_sum=loss_sum, correct=correct, count=count)
+
+  def put_batch(self, batch: dict):
+    """Process-local numpy batch -> global arrays sharded over the batch axes."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+  def evaluate(self, params, batches) -> dict:
+    sums = [self.eval_step(params, self.put_batch(b)) for b in batches]
+    tot = {k: float(sum(s[k] for s in sums)) for k in ("loss_sum", "correct", "count")}
+    n = max(tot["count"], 1.0)
+    return dict(eval_loss=tot["loss_sum"] / n, eval_accuracy=tot["correct"] / n)
+
+
+# ------------------------------------------------------------------------------ the loop
+class _StopSignal:
+  """SIGTERM / SIGINT set a flag; the loop saves at the next step boundary and exits."""
+
+  def __init__(self):
+    self.requested = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    if self.requested is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C stops at once
+    self.requested = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def eval_batches(config):
+  """The held-out batches of `config.eval` (a different seed from training), fixed for the run."""
+  if not config.eval.steps:
+    return []
+  it = make_dataset(config.data, seed=config.eval.seed, process_index=jax.process_index(),
+                    process_count=jax.process_count())
+  return [next(it) for _ in range(config.eval.steps)]
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics."""
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg = validate_config(config, mesh)
+  os.makedirs(workdir, exist_ok=True)
+  t = config.train
+  trainer = Trainer(config, model_cfg, mesh)  # outside set_mesh: eval_shape would read logical names as mesh axes
+  with jax.set_mesh(mesh):
+    data_iter = make_dataset(config.data, seed=config.seed, process_index=jax.process_index(),
+                             process_count=jax.process_count())
+    mngr = checkpoint.manager(workdir, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
+    if mngr.latest_step() is not None:
+      state, step = checkpoint.restore(mngr, trainer.abstract_state(), data_iter,
+                                       step=t.restore_step if t.restore_step >= 0 else None)
+      log.info("resumed from step %d in %s", step, workdir)
+    else:
+      state = trainer.init()
+    step = int(state["step"])
+    log.info("model: %s, %.1fM parameters, mesh %s", model_cfg.mixer, trainer.num_params / 1e6,
+             dict(mesh.shape))
+    evals = eval_batches(config)
+    writer = metrics_lib.MetricsWriter(workdir, t.steps, start_step=step)
+    peak = metrics_lib.peak_flops_per_device()
+    tokens_per_step = config.data.global_batch_size * config.data.seq_len
+    summary, window_start, window_steps = {}, time.perf_counter(), 0
+    try:
+      with _StopSignal() as stop:
+        while step < t.steps:
+          batch = trainer.put_batch(next(data_iter))
+          new_state, m = trainer.train_step(state, batch)
+          if not bool(m["ok"]):
+            state = new_state  # unchanged by the step: the last good state
+            checkpoint.save(mngr, step, state, data_iter, config, force=True)
+            mngr.wait_until_finished()
+            raise TrainingStopped(f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
+                                  f"grad_norm={float(m['grad_norm'])}); the last good state is saved as step "
+                                  f"{step} in {workdir}/checkpoints")
+          state, step, window_steps = new_state, step + 1, window_steps + 1
+          writer.advance()
+          if step % t.log_every == 0 or step == t.steps:
+            jax.block_until_ready(m)
+            elapsed = time.perf_counter() - window_start
+            summary = {k: float(v) for k, v in m.items() if k != "ok"}
+            summary["tokens_per_s"] = window_steps * tokens_per_step / elapsed
+            if peak:
+              summary["mfu"] = 6 * trainer.num_params * summary["tokens_per_s"] / (peak * jax.device_count())
+            summary["memory_gib"] = metrics_lib.device_memory_gib()
+            writer.write(step, summary)
+            window_start, window_steps = time.perf_counter(), 0
+          if evals and (step % config.eval.every == 0 or step == t.steps):
+            summary.update(trainer.evaluate(state["params"], evals))
+            writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
+          if step % t.checkpoint_every == 0 or step == t.steps:
+            checkpoint.save(mngr, step, state, data_iter, config)
+          if stop.requested:
+            checkpoint.save(mngr, step, state, data_iter, config, force=True)
+            log.warning("%s received: saved step %d in %s; rerun the same command to resume",
+                        stop.requested, step, workdir)
+            summary["stopped_by"] = stop.requested
+            break
+    finally:
+      mngr.wait_until_finished()
+      mngr.close()
+      writer.close()
+  summary["step"] = step
+  summary["num_params"] = trainer.num_params
+  return summary
