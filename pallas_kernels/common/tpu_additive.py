@@ -101,12 +101,9 @@ def chunk_additive(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
-  B, T, H, K = q.shape
-  dt = q.dtype
-  p = tl.plan(B, T, cu_seqlens, chunk_size)
-  h0 = tl.initial_states(initial_state, p, (H, K, v.shape[-1]))
-  g, G = tl.log_gates(g, p, H)
-  xs = (tl.to_kernel(q, p), tl.to_kernel(k, p, dt), tl.to_kernel(v, p, dt), G)
+  p, h0, qkv = tl.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
+  g, G = tl.log_gates(g, p, q.shape[2])
+  xs = (*qkv, G)
   if u is not None:
     xs += (G - g, u.astype(F32)[:, None, :])
   st = _Static(p.N, p.C, float(scale), u is not None, interpret)

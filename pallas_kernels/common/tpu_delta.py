@@ -111,12 +111,8 @@ def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
-  B, T, H, K = q.shape
-  dt = q.dtype
-  p = tl.plan(B, T, cu_seqlens, chunk_size)
-  h0 = tl.initial_states(initial_state, p, (H, K, v.shape[-1]))
-  _, G = tl.log_gates(g, p, H)
-  xs = (tl.to_kernel(q, p), tl.to_kernel(k, p, dt), tl.to_kernel(v, p, dt), G,
-        tl.to_rows(tl.to_kernel(beta, p, F32), p))
+  p, h0, qkv = tl.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
+  _, G = tl.log_gates(g, p, q.shape[2])
+  xs = (*qkv, G, tl.to_rows(tl.to_kernel(beta, p, F32), p))
   o, final = tl.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
   return tl.from_kernel(o, p), final

@@ -123,6 +123,15 @@ def initial_states(initial_state, p: Plan, shape):
   return initial_state.astype(F32)
 
 
+def qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size: int):
+  """What every (q, k, v) op prepares: (plan, h0 [n_seq, H, K, V] float32, (q, k, v) in kernel
+  layout with k and v in q's dtype)."""
+  B, T, H, K = q.shape
+  p = plan(B, T, cu_seqlens, chunk_size)
+  h0 = initial_states(initial_state, p, (H, K, v.shape[-1]))
+  return p, h0, (to_kernel(q, p), to_kernel(k, p, q.dtype), to_kernel(v, p, q.dtype))
+
+
 # --- BlockSpecs (index maps receive the grid indices, then the two scalar-prefetch refs) ----------
 
 def chunk_spec(C: int, D: int, reverse: bool = False, N: int = 0):
