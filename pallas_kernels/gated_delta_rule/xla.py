@@ -54,7 +54,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
   A = gated_scores(kb, k, G, dt, strict=True)
   Tinv = unit_lower_inverse(A)
   w = mm("...ij,...jk->...ik", Tinv, kb * jnp.exp(G), F32).astype(dt)
-  u = mm("...ij,...jv->...iv", Tinv, v.astype(F32) * beta, F32).astype(dt)
+  # u stays float32: it is no matmul input (v' = u - w S), and it nearly cancels against w S when
+  # the state is saturated (delta rule, small K), so rounding it to bf16 would cost accuracy.
+  u = mm("...ij,...jv->...iv", Tinv, v.astype(F32) * beta, F32)
   Aqk = gated_scores(q, k, G, dt) * scale
   G_last = G[..., -1:, :]                                             # [B, H, N, 1, K or 1]
   k_out = (k.astype(F32) * jnp.exp(G_last - G)).astype(dt)

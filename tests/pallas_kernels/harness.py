@@ -14,6 +14,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
 
 F32 = jnp.float32
 tree_map = jax.tree_util.tree_map
@@ -62,7 +64,8 @@ def unit(x):
 class OpCase:
   """One op family. `make_inputs(rng, B, T, H, K, V)` returns the op's positional inputs (float32) as
   an ordered dict; `make_state(rng, N, H, K, V)` an initial state (pytree of float32 arrays); `rng` is
-  a numpy Generator."""
+  a numpy Generator. `out_shape(B, T, H, K, V)` gives the output's shape when it is not [B, T, H, V]
+  (e.g. HGRN's [B, T, D])."""
   name: str
   chunk: Callable
   fused_recurrent: Callable
@@ -72,6 +75,7 @@ class OpCase:
   float_inputs: tuple | None = None  # inputs cast to the test dtype (default: all but the gates)
   state_grad: bool = True        # whether the final state gets a cotangent / initial state a grad
   static_inputs: tuple = ()      # inputs without a time axis (e.g. RWKV-6's u [H, K])
+  out_shape: Callable | None = None  # (B, T, H, K, V) -> the output's shape; default [B, T, H, V]
 
   def cast(self, inputs, dtype):
     names = self.float_inputs if self.float_inputs is not None else tuple(n for n in inputs if n not in self.gates)
@@ -118,12 +122,13 @@ def check_op(case: OpCase, *, T, H, K, V, dtype, backend="xla", kind="chunk", B=
   N = B if cu is None else cu.shape[0] - 1
   inputs = case.make_inputs(rng, B, T, H, K, V)
   state = case.make_state(rng, N, H, K, V)
-  do = normal(rng, B, T, H, V)
+  do = normal(rng, *(case.out_shape(B, T, H, K, V) if case.out_shape else (B, T, H, V)))
   dS = tree_map(lambda s: normal(rng, *s.shape), state)  # the final state has the initial state's shape
+  inputs = case.cast(inputs, dtype)  # the reference sees the same (rounded) values, upcast to float32
   o_ref, S_ref, g_ref = run_op(case, getattr(case, kind), case.cast(inputs, F32), state, (do, dS), cu,
                                backend="reference")
   fn_kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
-  o, S, grads = run_op(case, getattr(case, kind), case.cast(inputs, dtype), state, (do, dS), cu, **fn_kw)
+  o, S, grads = run_op(case, getattr(case, kind), inputs, state, (do, dS), cu, **fn_kw)
 
   errors = {"o": (rel_rms(o, o_ref), tolerance(dtype, "out"))}
   assert o.dtype == dtype, f"o has dtype {o.dtype}, expected the input dtype {dtype}"
@@ -190,3 +195,42 @@ def check_varlen_matches_loop(case: OpCase, *, T=200, H=2, K=32, V=32, backend="
     for x, y in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_n)):
       assert rel_rms(x[n:n + 1], y) < 1e-5
 
+
+def check_agreement(case: OpCase, B, T, H, K, V, tol=1e-4):
+  """Jitted chunk op, xla against reference, float32, default initial state: shapes, dtypes, values."""
+  inputs = case.make_inputs(np.random.default_rng(seed_of(case.name, B, T, H, K, V)), B, T, H, K, V)
+  run = jax.jit(lambda xs, backend: case.chunk(*xs, output_final_state=True, backend=backend),
+                static_argnums=1)
+  (o, S), (o_ref, S_ref) = run(tuple(inputs.values()), "xla"), run(tuple(inputs.values()), "reference")
+  assert o.shape == (case.out_shape(B, T, H, K, V) if case.out_shape else (B, T, H, V))
+  leaves, leaves_ref = jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_ref)
+  state = jax.tree_util.tree_leaves(case.make_state(np.random.default_rng(0), B, H, K, V))
+  assert [s.shape for s in leaves] == [s.shape for s in state] and all(s.dtype == F32 for s in leaves)
+  assert rel_rms(o, o_ref) < tol
+  assert all(rel_rms(s, r) < tol for s, r in zip(leaves, leaves_ref))
+
+
+class FamilySuite:
+  """The tests every op family runs on its xla path: subclass it in the family's test file as
+  `class TestXla(harness.FamilySuite): CASE = <the family's OpCase>`."""
+  CASE: OpCase
+
+  @pytest.mark.parametrize("T,H,K,V,dtype", SHAPE_CASES)
+  def test_xla_matches_reference(self, T, H, K, V, dtype):
+    check_op(self.CASE, T=T, H=H, K=K, V=V, dtype=dtype)
+
+  @pytest.mark.parametrize("dtype", DTYPES)
+  def test_varlen_against_reference(self, dtype):
+    check_op(self.CASE, T=300, H=2, K=64, V=32, dtype=dtype, varlen=True)
+
+  def test_varlen_equals_per_sequence_loop(self):
+    check_varlen_matches_loop(self.CASE)
+
+  def test_chunk_then_fused_recurrent_decode(self):
+    check_decode_continuation(self.CASE)
+
+  @settings(max_examples=4, deadline=None)
+  @given(B=st.integers(1, 2), T=st.integers(1, 140), H=st.integers(1, 3), K=st.sampled_from([8, 16, 24]),
+         V=st.integers(1, 20))
+  def test_property_shapes_and_agreement(self, B, T, H, K, V):
+    check_agreement(self.CASE, B, T, H, K, V)

@@ -1,0 +1,69 @@
+import dataclasses
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+from tests.pallas_kernels import harness
+from tests.pallas_kernels.harness import normal, sigmoid, unit
+
+
+def make_inputs(rng, B, T, H, K, V, beta_scale=1.0):
+  return dict(
+      q=normal(rng, B, T, H, K),
+      k=unit(normal(rng, B, T, H, K)),
+      v=normal(rng, B, T, H, V),
+      beta=sigmoid(normal(rng, B, T, H, scale=beta_scale)),
+  )
+
+
+def make_state(rng, N, H, K, V):
+  return normal(rng, N, H, K, V, scale=0.5)
+
+
+CASE = harness.OpCase("delta_rule", chunk_delta_rule, fused_recurrent_delta_rule, make_inputs, make_state,
+                      gates=("beta",))
+
+
+class TestXla(harness.FamilySuite):
+  CASE = CASE
+
+
+@pytest.mark.parametrize("beta_scale", [0.01, 10.0])
+def test_extreme_write_strengths(beta_scale):
+  """beta logits scaled from 0.01 (beta ~ 0.5) to 10 (beta saturating at 0 and 1: near-exact overwrites)."""
+  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(*a, beta_scale=beta_scale))
+  harness.check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
+
+
+def test_equals_gated_delta_rule_with_zero_gate():
+  from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule
+  x = make_inputs(np.random.default_rng(1), 1, 70, 2, 16, 8)
+  g0 = jnp.zeros(x["beta"].shape)
+  o, S = chunk_delta_rule(*x.values(), output_final_state=True, use_qk_l2norm_in_kernel=True)
+  o_g, S_g = chunk_gated_delta_rule(x["q"], x["k"], x["v"], g0, x["beta"], output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True)
+  np.testing.assert_array_equal(o, o_g)
+  np.testing.assert_array_equal(S, S_g)
+
+
+def test_bad_inputs_raise_clear_errors():
+  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  with pytest.raises(ValueError, match="`k` must have shape"):
+    chunk_delta_rule(x["q"], x["k"][..., :4], x["v"], x["beta"])
+  with pytest.raises(ValueError, match="`v` must have rank 4"):
+    chunk_delta_rule(x["q"], x["k"], x["v"][..., 0], x["beta"])
+  with pytest.raises(ValueError, match="`beta` must have shape"):
+    chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"][:, :3])
+  with pytest.raises(ValueError, match="`beta` must have rank 3"):
+    chunk_delta_rule(x["q"], x["k"], x["v"], None)
+  with pytest.raises(ValueError, match="`backend` must be one of"):
+    chunk_delta_rule(*x.values(), backend="cuda")
+  with pytest.raises(ValueError, match="must end at the packed length"):
+    fused_recurrent_delta_rule(*x.values(), cu_seqlens=jnp.array([0, 5, 15], jnp.int32))
+  two = make_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
+  with pytest.raises(ValueError, match="B == 1"):
+    chunk_delta_rule(*two.values(), cu_seqlens=jnp.array([0, 16], jnp.int32))
+  with pytest.raises(ValueError, match="`initial_state` must have shape"):
+    chunk_delta_rule(*x.values(), initial_state=jnp.zeros((1, 2, 8, 4)))
