@@ -18,6 +18,9 @@ backward (residuals: the inputs, w, u and T; states are recomputed, never stored
                    rest of dG;
                    dg is the reverse chunk-local cumsum of dG.
 
+Without beta (`run_chunk(..., beta=None)`) the same kernels run S_t = exp(g_t) S_{t-1} + k_t v_t^T
+(simple GLA, pallas_kernels/simple_gla/gpu.py): no WY kernel, w = 0 and v' = u = v.
+
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels);
 bf16, f16 and f32 inputs; scalar gates (or none: the delta rule); initial_state, final state and
 cu_seqlens (re-packed chunk-aligned by common.varlen). Per-channel gates (KDA) are not: `unsupported`
@@ -66,6 +69,7 @@ class _Static(NamedTuple):
   varlen: bool
   interpret: bool
   cfg: Config
+  delta: bool = True  # False: no delta correction (w = 0, u = v): simple GLA's chunk loop
 
 
 def unsupported(q, k, v, g=None, *_, **__) -> str | None:
@@ -131,19 +135,22 @@ def _wy_fwd(k, v, G, beta, st: _Static):
 
 # --- 2./3. forward state pass ---------------------------------------------------------------------
 
-def _state_kernel(*refs, NT, scale, varlen_, want_o):
-  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and v'."""
+def _state_kernel(*refs, NT, scale, varlen_, want_o, delta):
+  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and
+  (delta) v'. Without delta there is no w and v' = u = v."""
   refs = list(refs)
   q_ref = refs.pop(0) if want_o else None
-  k_ref, w_ref, u_ref, g_ref, h0_ref = refs[:5]
-  refs = refs[5:]
+  k_ref = refs.pop(0)
+  w_ref = refs.pop(0) if delta else None
+  u_ref, g_ref, h0_ref = refs[:3]
+  refs = refs[3:]
   st_ref, en_ref = (refs.pop(0), refs.pop(0)) if varlen_ else (None, None)
   if want_o:
     if varlen_:
       refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
     o_ref, fin_ref = refs
   else:
-    h_ref, vn_ref = refs
+    h_ref, vn_ref = refs if delta else (refs[0], None)
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -158,14 +165,16 @@ def _state_kernel(*refs, NT, scale, varlen_, want_o):
       h_ref[c] = S.astype(h_ref.dtype)
     G, g_last = g_ref[sl], g_ref[t0 + C - 1]
     k = k_ref[sl, :]
-    vn = u_ref[sl, :].astype(F32) - dot(w_ref[sl, :], S.astype(dt), prec)
-    vn_c = vn.astype(dt)
+    if delta:
+      vn_c = (u_ref[sl, :].astype(F32) - dot(w_ref[sl, :], S.astype(dt), prec)).astype(dt)
+    else:
+      vn_c = u_ref[sl, :]
     if want_o:
       q = q_ref[sl, :]
       P = dot_nt(q, k, prec) * (decay(G) * scale)
       o = dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec) + dot(P.astype(dt), vn_c, prec)
       o_ref[sl, :] = o.astype(o_ref.dtype)
-    else:
+    elif delta:
       vn_ref[sl, :] = vn_c
     S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
     if varlen_ and want_o:
@@ -183,16 +192,17 @@ def _state_kernel(*refs, NT, scale, varlen_, want_o):
 
 
 def _state_pass(q, k, w, u, G, h0, starts, ends, st: _Static, want_o: bool):
-  """want_o: (o, final_state); else (h [B, NT, H, K, V], v' [B, T, H, V]) in the input dtype."""
+  """want_o: (o, final_state); else (h [B, NT, H, K, V], v' [B, T, H, V] (delta only)), input dtype."""
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
   BV = min(st.cfg.bv_state, V)
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, varlen_=st.varlen, want_o=want_o)
+  kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, varlen_=st.varlen, want_o=want_o,
+                           delta=st.delta)
   h0_spec = sp.seq_h0(K, BV, N if st.varlen else None)
-  args = ([q] if want_o else []) + [k, w, u, G, h0]
-  in_specs = ([sp.seq_tok(K)] if want_o else []) + [sp.seq_tok(K)] * 2 + [sp.seq_tok(BV, True),
-                                                                           sp.seq_gate(), h0_spec]
+  keys = ([q] if want_o else []) + [k] + ([w] if st.delta else [])
+  args = keys + [u, G, h0]
+  in_specs = [sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
   aliases = None
   if st.varlen:
     args += [starts, ends]
@@ -205,18 +215,20 @@ def _state_pass(q, k, w, u, G, h0, starts, ends, st: _Static, want_o: bool):
     out_specs = [sp.seq_tok(BV, True), h0_spec]
     out_shape = [_sds((B, T, H, V), k.dtype), _sds(h0.shape, F32)]
   else:
-    out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)]
-    out_shape = [_sds((B, sp.NT, H, K, V), k.dtype), _sds((B, T, H, V), k.dtype)]
+    out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + st.delta]
+    out_shape = [_sds((B, sp.NT, H, K, V), k.dtype), _sds((B, T, H, V), k.dtype)][:1 + st.delta]
   return _call(kern, (B * H, V // BV), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
                st.cfg.stages_state, aliases)(*args)
 
 
 # --- 4. reverse state-gradient pass ---------------------------------------------------------------
 
-def _dh_kernel(*refs, NT, scale, varlen_):
+def _dh_kernel(*refs, NT, scale, varlen_, delta):
   refs = list(refs)
-  q_ref, k_ref, w_ref, do_ref, g_ref, dht_ref = refs[:6]
-  refs = refs[6:]
+  q_ref, k_ref = refs[:2]
+  w_ref = refs.pop(2) if delta else None
+  do_ref, g_ref, dht_ref = refs[2:5]
+  refs = refs[5:]
   if varlen_:
     st_ref, en_ref, _ = refs[:3]
     refs = refs[3:]
@@ -239,8 +251,9 @@ def _dh_kernel(*refs, NT, scale, varlen_):
     dvn = dot_tn(P.astype(dt), do, prec) + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec)
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
-    dS = (dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
-          - dot_tn(w_ref[sl, :], dvn_c, prec))
+    dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
+    if delta:
+      dS -= dot_tn(w_ref[sl, :], dvn_c, prec)
     if varlen_:
       s = st_ref[c]
 
@@ -256,20 +269,22 @@ def _dh_kernel(*refs, NT, scale, varlen_):
 
 
 def _dh_pass(q, k, w, do, G, dht, starts, ends, st: _Static):
-  """Returns dh [B, NT, H, K, V], dv' [B, T, H, V] (input dtype) and d initial_state (float32)."""
+  """Returns dh [B, NT, H, K, V], dv' [B, T, H, V] (input dtype) and d initial_state (float32).
+  w is None without delta."""
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
   BV = min(st.cfg.bv_state, V)
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if st.varlen else None)
-  args = [q, k, w, do, G, dht]
-  in_specs = [sp.seq_tok(K)] * 3 + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
+  keys = [q, k] + ([w] if st.delta else [])
+  args = keys + [do, G, dht]
+  in_specs = [sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
   aliases = None
   if st.varlen:  # sequences with no tokens pass the final-state gradient straight through
     args += [starts, ends, dht]
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
-  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, varlen_=st.varlen)
+  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, varlen_=st.varlen, delta=st.delta)
   return _call(kern, (B * H, V // BV), in_specs,
                [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                [_sds((B, sp.NT, H, K, V), k.dtype), _sds(do.shape, k.dtype), _sds(dht.shape, F32)],
@@ -278,9 +293,12 @@ def _dh_pass(q, k, w, do, G, dht, starts, ends, st: _Static):
 
 # --- 5. dq, dk (attention and state parts), dw ----------------------------------------------------
 
-def _bwd_dqkw_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref,
-                     dq_ref, dk_ref, dw_ref, dg_ref, *, scale, bv):
-  """One chunk and one key tile (qt, kt, h, dh hold that tile of the key axis)."""
+def _bwd_dqkw_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *out_refs,
+                     scale, bv):
+  """One chunk and one key tile (qt, kt, h, dh hold that tile of the key axis). Outputs dq, dk, dG
+  and, with delta (four outputs), dw."""
+  dq_ref, dk_ref, dg_ref = out_refs[:3]
+  delta = len(out_refs) == 4
   C = CHUNK
   qt, kt, G = qt_ref[...], kt_ref[...], g_ref[...]
   g_last = g_ref[C - 1]
@@ -296,7 +314,8 @@ def _bwd_dqkw_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_r
     dP += dot_nt(do, vn, prec)
     dq1 += dot_nt(do, h, prec)
     dks += dot_nt(vn, dh, prec)
-    dw += dot_nt(dvn, h, prec)
+    if delta:
+      dw += dot_nt(dvn, h, prec)
     hdh += jnp.sum(h.astype(F32) * dh.astype(F32))
   dq_state = scale_rows(dq1, jnp.exp(G) * scale)
   dQK = dP * (decay(G) * scale)                      # gradient of the scores q k^T
@@ -308,12 +327,14 @@ def _bwd_dqkw_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_r
   dG = jnp.sum(dq_state * qt.astype(F32), axis=1) + jnp.sum(Z, axis=1) - jnp.sum(Z, axis=0) - z
   dg_ref[...] = at_last(dG, jnp.sum(z) + jnp.exp(g_last) * hdh)
   dq_ref[...] = dq.astype(dq_ref.dtype)
-  dk_ref[...] = dk
-  dw_ref[...] = (-dw).astype(dw_ref.dtype)
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  if delta:
+    out_refs[3][...] = (-dw).astype(out_refs[3].dtype)
 
 
 def _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st: _Static):
-  """dq, dk (float32, without the WY part), dw, and dG [B, H, T] (summed over key tiles)."""
+  """dq, dk (float32 with delta: the WY part is added later; else the input dtype), dG [B, H, T]
+  (summed over key tiles) and, with delta, dw."""
   B, T, H, K = q.shape
   V = do.shape[-1]
   BK = min(st.cfg.bk_dqkw, K)
@@ -324,13 +345,13 @@ def _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st: _Static):
   state = pl.BlockSpec((None, None, None, BK, V), lambda n, bh, ik: (bh // H, n, bh % H, ik, 0))
   gate = pl.BlockSpec((None, None, C), lambda n, bh, ik: (bh // H, bh % H, n))
   dgate = pl.BlockSpec((None, None, None, C), lambda n, bh, ik: (ik, bh // H, bh % H, n))
-  dq, dk, dw, dG = _call(kern, (T // C, B * H, NK),
-                         [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,
-                         [tok(BK, True)] * 3 + [dgate],
-                         [_sds(q.shape, q.dtype), _sds(q.shape, F32), _sds(q.shape, q.dtype),
-                          _sds((NK, *G.shape), F32)],
-                         st, st.cfg.warps_dqkw, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
-  return dq, dk, dw, jnp.sum(dG, axis=0)
+  outs = [(tok(BK, True), _sds(q.shape, q.dtype)), (tok(BK, True), _sds(q.shape, F32 if st.delta else q.dtype)),
+          (dgate, _sds((NK, *G.shape), F32))] + [(tok(BK, True), _sds(q.shape, q.dtype))] * st.delta
+  dq, dk, dG, *dw = _call(kern, (T // C, B * H, NK),
+                          [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,
+                          [o[0] for o in outs], [o[1] for o in outs],
+                          st, st.cfg.warps_dqkw, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
+  return dq, dk, jnp.sum(dG, axis=0), (dw[0] if dw else None)
 
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------
@@ -394,7 +415,7 @@ def _gdn(st: _Static, q, k, v, g, beta, h0, starts, ends):
 
 def _gdn_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
-  w, u, Tinv = _wy_fwd(k, v, G, beta, st)
+  w, u, Tinv = _wy_fwd(k, v, G, beta, st) if st.delta else (None, v, None)
   o, ht = _state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
   return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, starts, ends)
 
@@ -403,10 +424,14 @@ def _gdn_bwd(st, res, cts):
   q, k, v, G, beta, h0, w, u, Tinv, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  h, vn = _state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
+  h, *vn = _state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
+  vn = vn[0] if st.delta else v
   dh, dvn, dh0 = _dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st)
-  dq, dk1, dw, dG1 = _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st)
-  dk, dv, dbeta, dG = _bwd_wy(k, v, G, beta, Tinv, dw, dvn, dk1, dG1, st)
+  dq, dk, dG, dw = _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st)
+  if st.delta:
+    dk, dv, dbeta, dG = _bwd_wy(k, v, G, beta, Tinv, dw, dvn, dk, dG, st)
+  else:
+    dv, dbeta = dvn, None
   dg = chunk_cumsum(dG, CHUNK, reverse=True)
   return dq, dk, dv, dg, dbeta, dh0, None, None
 
@@ -420,12 +445,28 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32), like xla.py.
   """
+  return run_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                   interpret=interpret, config=config)
+
+
+def run_chunk(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+              config: Config = DEFAULT):
+  """The kernels' entry for every family: the gated delta rule, or with beta None the same chunk
+  loop without the delta correction, S_t = exp(g_t) S_{t-1} + k_t v_t^T (simple GLA).
+
+  Pads K and V to powers of two, T to whole chunks (or re-packs cu_seqlens chunk-aligned), runs the
+  custom_vjp kernels and undoes the padding. Shapes as `chunk_gated_delta_rule`.
+  """
+  reason = unsupported(q, k, v, g)
+  if reason:
+    raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
   B, T, H, K = q.shape
   V, dt, C = v.shape[-1], q.dtype, CHUNK
   Kp, Vp = next_pow2(K), next_pow2(V)
   k, v = k.astype(dt), v.astype(dt)
   g = jnp.zeros((B, T, H), F32) if g is None else g.astype(F32)
-  beta = beta.astype(F32)
+  delta = beta is not None
+  beta = beta.astype(F32) if delta else jnp.zeros((B, T, H), F32)
   n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
   h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
@@ -440,8 +481,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
   q, k = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp)
   v = pad_axis(v, 3, Vp)
   h0 = pad_axis(pad_axis(h0, 2, Kp), 3, Vp)
-  st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config)
-  o, S = _gdn(st, q, k, v, head_major(g), head_major(beta), h0, starts, ends)
+  st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config, delta)
+  o, S = _gdn(st, q, k, v, head_major(g), head_major(beta) if delta else None, h0, starts, ends)
   o = o[..., :V]
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)
   return o, S[:, :, :K, :V]
