@@ -1,0 +1,99 @@
+"""Softmax attention exactly as HF Llama's: q/k/v/o projections without bias, GQA, RoPE (rotate-half
+layout, theta from the config), optional sliding window, `jax.nn.dot_product_attention`
+(`attn_impl`: None lets JAX choose, "xla", "cudnn"), and a KV cache for decode.
+
+Cache of one layer: {"k": [B, S, Hkv, Dh], "v": [B, S, Hkv, Dh]} in the activation dtype, S = the
+maximum length; the model says where the new tokens go (`Context.cache_index`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from lineax_lm.layers.base import ctx_or_default
+from lineax_lm.layers.common import Context, Dims, MixerConfig, dense, merge_heads, rope, split_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig(MixerConfig):
+  num_heads: int = 16
+  num_kv_heads: int | None = None   # None: num_heads (no GQA)
+  head_dim: int | None = None       # None: hidden // num_heads
+  rope_theta: float = 10000.0
+  window: int | None = None         # sliding window: a query sees itself and window - 1 earlier keys
+  qkv_bias: bool = False
+  attn_impl: str | None = None      # jax.nn.dot_product_attention `implementation`
+  use_short_conv: bool = False
+
+
+def attention_mask(q_pos, k_pos, window=None, q_ids=None, k_ids=None):
+  """Boolean [B, 1, Lq, Lk]: causal, within the window, and (packed rows) within one sequence.
+  q_pos: [B, Lq] / [Lq]; k_pos: [B, Lk] / [Lk] positions in the row (or cache slots)."""
+  q_pos, k_pos = jnp.atleast_2d(q_pos), jnp.atleast_2d(k_pos)
+  mask = k_pos[:, None, :] <= q_pos[:, :, None]
+  if window is not None:
+    mask &= k_pos[:, None, :] > q_pos[:, :, None] - window
+  if q_ids is not None:
+    mask &= k_ids[:, None, :] == q_ids[:, :, None]
+  return mask[:, None]
+
+
+class Attention(nnx.Module):
+  """Llama attention. x: [B, L, D] -> ([B, L, D], new KV cache or None)."""
+
+  def __init__(self, cfg: AttentionConfig, dims: Dims, rngs: nnx.Rngs):
+    D, H = dims.hidden, cfg.num_heads
+    Hkv = cfg.num_kv_heads or H
+    if H % Hkv:
+      raise ValueError(f"`num_heads` {H} must be a multiple of `num_kv_heads` {Hkv}")
+    self.head_dim = cfg.head_dim or D // H
+    if self.head_dim % 2:
+      raise ValueError(f"RoPE needs an even head dim; got {self.head_dim}")
+    if cfg.window is not None and cfg.window < 1:
+      raise ValueError(f"`window` must be >= 1 or None; got {cfg.window}")
+    self.cfg, self.dims, self.num_kv_heads = cfg, dims, Hkv
+    kv = Hkv * self.head_dim
+    self.q_proj = dense(D, H * self.head_dim, ("embed", "heads"), dims, rngs, bias=cfg.qkv_bias)
+    self.k_proj = dense(D, kv, ("embed", "kv_heads"), dims, rngs, bias=cfg.qkv_bias)
+    self.v_proj = dense(D, kv, ("embed", "kv_heads"), dims, rngs, bias=cfg.qkv_bias)
+    self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), dims, rngs)
+
+  def __call__(self, x, cache=None, ctx: Context | None = None):
+    cfg = self.cfg
+    ctx = ctx_or_default(x, ctx)
+    q = rope(split_heads(self.q_proj(x), self.head_dim), ctx.positions, cfg.rope_theta)
+    k = rope(split_heads(self.k_proj(x), self.head_dim), ctx.positions, cfg.rope_theta)
+    v = split_heads(self.v_proj(x), self.head_dim)
+    L = x.shape[1]
+    if cache is not None:
+      if ctx.packing is not None:
+        raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
+      start = jnp.zeros((), jnp.int32) if ctx.cache_index is None else ctx.cache_index
+      idx = (0, start, 0, 0)
+      cache = {"k": lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx),
+               "v": lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx)}
+      k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
+      mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
+      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
+    elif ctx.packing is not None or cfg.window is not None:
+      ids = None if ctx.packing is None else ctx.packing.reset_ids
+      t = jnp.arange(L)
+      mask = attention_mask(t, t, cfg.window, ids, ids)
+      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
+    else:
+      o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attn_impl)
+    return self.o_proj(merge_heads(o)), cache
+
+  def init_cache(self, batch: int, max_len: int, dtype=None):
+    shape = (batch, max_len, self.num_kv_heads, self.head_dim)
+    dtype = dtype or self.dims.dtype
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+  def cache_bytes(self, context_len: int, dtype=None) -> int:
+    """2 * kv_heads * head_dim * bytes per token, for `context_len` tokens of one sequence."""
+    itemsize = jnp.dtype(dtype or self.dims.dtype).itemsize
+    return 2 * self.num_kv_heads * self.head_dim * itemsize * context_len

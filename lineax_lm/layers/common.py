@@ -1,0 +1,267 @@
+"""Pieces every layer shares: parameters with logical axis names, norms, short convolution, RoPE,
+the SwiGLU MLP, packed-sequence bookkeeping and the chunk/recurrent op call.
+
+Shape legend: B batch, L time, D hidden (model width), H heads, K key head dim, V value head dim,
+C channels of a projection, W short-convolution width, N packed sequences.
+
+Logical axis names of the parameters (mapped to mesh axes by the training loop's rules):
+  "vocab"   vocabulary                      "embed"    model width D
+  "heads"   head-major projection width     "kv_heads" attention key/value projection width
+  "mlp"     SwiGLU hidden width             "lowrank"  low-rank bottleneck of a gate
+  "conv"    short-convolution taps          "norm"     norm weights and biases
+  "layers"  per-layer rows (HGRN lower bounds); per-head scalars (A_log, dt_bias, ...) use None.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+F32 = jnp.float32
+INIT_STD = 0.02  # fla / HF Llama initializer_range: normal(0, 0.02) for linears, convs, embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerConfig:
+  """Options every mixer layer shares. `backend` is the op backend ("auto" | "reference" | "xla" |
+  "gpu" | "tpu"); tests force "xla". Subclasses add the layer's own options with fla's defaults."""
+  backend: str = "auto"
+  norm_eps: float = 1e-5
+  use_short_conv: bool = True
+  conv_size: int = 4
+  conv_bias: bool = False
+
+
+class Dims(NamedTuple):
+  """Construction arguments every layer receives from the model."""
+  hidden: int
+  layer_idx: int = 0
+  num_layers: int = 1
+  dtype: Any = F32          # activation / compute dtype
+  param_dtype: Any = F32
+  init_std: float = INIT_STD
+
+
+def param(rngs, init, shape, axes, dtype=F32):
+  """An nnx.Param initialised with `init(key, shape, dtype)` carrying logical axis names `axes`."""
+  return nnx.Param(init(rngs.params(), shape, dtype), sharding=axes, eager_sharding=False)
+
+
+def dense(din: int, dout: int, axes, dims: Dims, rngs, *, bias: bool = False, kernel_init=None):
+  """A bias-free (by default) nnx.Linear with normal(init_std) weights and logical axis names."""
+  init = kernel_init or nnx.initializers.normal(dims.init_std)
+  return nnx.Linear(
+      din, dout, use_bias=bias, dtype=dims.dtype, param_dtype=dims.param_dtype, rngs=rngs,
+      kernel_init=nnx.with_partitioning(init, axes, eager_sharding=False),
+      bias_init=nnx.with_partitioning(nnx.initializers.zeros, (axes[-1],), eager_sharding=False))
+
+
+def split_heads(x, head_dim: int):
+  """[B, L, H * head_dim] -> [B, L, H, head_dim]."""
+  return x.reshape(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
+
+
+def merge_heads(x):
+  return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def check_expand(name: str, head_dim: int, expand_v: float) -> int:
+  """head_dim * expand_v, which must be an integer (the value head dim)."""
+  if not math.isclose(head_dim * expand_v, round(head_dim * expand_v)):
+    raise ValueError(f"{name}: `expand_v` = {expand_v} times `head_dim` = {head_dim} must be an "
+                     "integer")
+  return round(head_dim * expand_v)
+
+
+# ----------------------------------------------------------------------------------------- norms
+def _rms(x, eps):
+  x = x.astype(F32)
+  return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * weight over the last axis, computed in float32 (HF Llama / fla RMSNorm)."""
+
+  def __init__(self, dim: int, eps: float, dims: Dims, rngs):
+    self.eps = eps
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
+
+  def __call__(self, x):
+    return (_rms(x, self.eps) * self.weight[...].astype(F32)).astype(x.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+  """fla's FusedRMSNormGated: rmsnorm(o) * weight * act(g) per head; o, g: [..., H, V]."""
+
+  def __init__(self, dim: int, eps: float, dims: Dims, rngs, activation: str = "swish"):
+    if activation not in ("swish", "sigmoid"):
+      raise ValueError(f"`activation` must be 'swish' or 'sigmoid'; got {activation!r}")
+    self.eps, self.activation = eps, activation
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
+
+  def __call__(self, o, g):
+    g = g.astype(F32)
+    gate = jax.nn.silu(g) if self.activation == "swish" else jax.nn.sigmoid(g)
+    return (_rms(o, self.eps) * self.weight[...].astype(F32) * gate).astype(o.dtype)
+
+
+class GroupNorm(nnx.Module):
+  """fla's GroupNorm: a LayerNorm (or RMSNorm) within each of `groups` heads of x [..., groups * d],
+  with a per-channel weight (and bias) over all groups * d channels."""
+
+  def __init__(self, groups: int, dim: int, eps: float, dims: Dims, rngs, *, bias: bool,
+               rms: bool = False):
+    self.groups, self.eps, self.rms = groups, eps, rms
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
+    self.bias = (param(rngs, nnx.initializers.zeros, (dim,), ("norm",), dims.param_dtype) if bias
+                 else None)
+
+  def __call__(self, x):
+    xg = x.astype(F32).reshape(*x.shape[:-1], self.groups, -1)
+    if not self.rms:
+      xg = xg - jnp.mean(xg, axis=-1, keepdims=True)
+    y = _rms(xg, self.eps).reshape(x.shape) * self.weight[...].astype(F32)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(F32)
+    return y.astype(x.dtype)
+
+
+# ------------------------------------------------------------------------------ packed sequences
+class Packing(NamedTuple):
+  """Packed rows (several sequences per row), derived once per batch from `segment_ids`.
+
+  cu_seqlens: int32 [N + 1] offsets of the sequences in the batch flattened to one row of B * L
+    tokens (rows are always boundaries); padded with B * L up to a static N.
+  reset_ids: int32 [B, L] index of the sequence each token belongs to (unique across the batch).
+  """
+  cu_seqlens: jax.Array
+  reset_ids: jax.Array
+
+
+class Context(NamedTuple):
+  """What a mixer needs besides its input: RoPE positions [B, L], packing, and the number of tokens
+  already in the cache (scalar int32; attention writes its keys and values there)."""
+  positions: jax.Array
+  packing: Packing | None = None
+  cache_index: jax.Array | None = None
+
+
+def causal_taps(x, width: int, state=None, reset_ids=None):
+  """taps[s][:, t] = x[:, t - s] for s = 0..width-1 (zero before the sequence or segment start).
+
+  x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation);
+  reset_ids: [B, L] segment ids, a tap never crosses a change of id. Returns (taps, new_state) with
+  new_state [B, width - 1, C] the last width - 1 inputs.
+  """
+  B, L, C = x.shape
+  prev = jnp.zeros((B, width - 1, C), x.dtype) if state is None else state.astype(x.dtype)
+  xx = jnp.concatenate([prev, x], axis=1)
+  taps = []
+  for s in range(width):
+    tap = xx[:, width - 1 - s: width - 1 - s + L]
+    if reset_ids is not None and s > 0:
+      n = min(s, L)
+      same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
+      tap = jnp.where(same[..., None], tap, 0)
+    taps.append(tap)
+  return taps, xx[:, L:]
+
+
+class ShortConv(nnx.Module):
+  """Causal depthwise convolution of width W over time (fla's ShortConvolution), optional SiLU.
+
+  weight [W, C]: weight[W - 1] multiplies the current token (torch Conv1d weight[c, 0, j] -> [j, c]).
+  """
+
+  def __init__(self, channels: int, width: int, dims: Dims, rngs, *, bias: bool = False,
+               activation: str | None = "silu"):
+    if width < 1:
+      raise ValueError(f"`conv_size` must be >= 1; got {width}")
+    self.width, self.channels, self.activation = width, channels, activation
+    self.weight = param(rngs, nnx.initializers.normal(dims.init_std), (width, channels),
+                        ("conv", "heads"), dims.param_dtype)
+    self.bias = (param(rngs, nnx.initializers.zeros, (channels,), ("heads",), dims.param_dtype) if bias
+                 else None)
+
+  def __call__(self, x, state=None, reset_ids=None):
+    """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
+    taps, new_state = causal_taps(x, self.width, state, reset_ids)
+    w = self.weight[...].astype(F32)
+    y = sum(tap.astype(F32) * w[self.width - 1 - s] for s, tap in enumerate(taps))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(F32)
+    if self.activation == "silu":
+      y = jax.nn.silu(y)
+    return y.astype(x.dtype), new_state
+
+
+# ----------------------------------------------------------------------------- gate initialisers
+def a_log_init(lo, hi):
+  """A_log = log(A), A ~ uniform(lo, hi) per head (fla's Mamba-2 style decay rates)."""
+  return lambda key, shape, dtype: jnp.log(jax.random.uniform(key, shape, F32, lo, hi)
+                                           .clip(1e-4)).astype(dtype)
+
+
+def dt_bias_init(dt_min=1e-3, dt_max=0.1, floor=1e-4):
+  """Inverse softplus of dt ~ log-uniform(dt_min, dt_max) (fla's GDN / Mamba-2 init)."""
+  def init(key, shape, dtype):
+    u = jax.random.uniform(key, shape, F32)
+    dt = jnp.maximum(jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)), floor)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+  return init
+
+
+# ------------------------------------------------------------------------------------------ RoPE
+def rope(x, positions, theta: float):
+  """Rotary embedding in HF Llama's rotate-half layout. x: [B, L, H, D]; positions: [B, L]."""
+  D = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, D, 2, dtype=F32) / D))              # [D/2]
+  ang = positions.astype(F32)[..., None] * inv_freq                             # [B, L, D/2]
+  cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(F32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------- MLP
+def mlp_width(hidden: int, ratio: float = 4.0, multiple: int = 256) -> int:
+  """fla's GatedMLP rule: int(hidden * ratio * 2 / 3) rounded up to a multiple of 256."""
+  n = int(hidden * ratio * 2 / 3)
+  return multiple * ((n + multiple - 1) // multiple)
+
+
+class SwiGLU(nnx.Module):
+  """down_proj(silu(gate_proj(x)) * up_proj(x)); the names of HF Llama's MLP."""
+
+  def __init__(self, hidden: int, width: int, dims: Dims, rngs):
+    self.gate_proj = dense(hidden, width, ("embed", "mlp"), dims, rngs)
+    self.up_proj = dense(hidden, width, ("embed", "mlp"), dims, rngs)
+    self.down_proj = dense(width, hidden, ("mlp", "embed"), dims, rngs)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# -------------------------------------------------------------------------------------- op calls
+def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = False, packing=None,
+           **kwargs):
+  """Calls a pallas_kernels op on time-major args ([B, L, ...] arrays).
+
+  Training (state None): the chunk op, no final state. Prefill (state given): the chunk op from
+  `state`, returning the final state. Decode (`decode` True): the fused_recurrent op from `state`.
+  Packed rows: the batch is flattened to one row of B * L tokens with `packing.cu_seqlens`, so the
+  state resets at every sequence boundary. Returns (o [B, L, ...], final state or None).
+  """
+  fn = recurrent_fn if decode else chunk_fn
+  if packing is None:
+    return fn(*args, initial_state=state, output_final_state=state is not None, **kwargs)
+  if state is not None:
+    raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
+  B, L = args[0].shape[:2]
+  flat = [a.reshape(1, B * L, *a.shape[2:]) for a in args]
+  o, _ = fn(*flat, cu_seqlens=packing.cu_seqlens, **kwargs)
+  return o.reshape(B, L, *o.shape[2:]), None

@@ -1,0 +1,88 @@
+"""mLSTM (xLSTM, Beck et al. 2024) as fla's `MLSTM` layer.
+
+Up-projection to 2 x inner (inner = 2 D rounded up to a multiple of 64): an mLSTM branch and a gate
+branch z. The mLSTM branch goes through a short convolution (SiLU, with bias); q and k are
+block-diagonal projections (blocks of 4) of the convolved branch, v of the raw branch; per-head input
+and forget gate pre-activations come from [q, k, v]. The op runs the stabilised recurrence (state
+(C, n, m)); a per-head LayerNorm, a learnable skip from the convolved branch, times silu(z), and a
+down-projection follow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
+
+from lineax_lm.layers.base import LinearMixer
+from lineax_lm.layers.common import (F32, Context, Dims, GroupNorm, MixerConfig, dense, param,
+                                     run_op, split_heads)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLSTMConfig(MixerConfig):
+  num_heads: int = 16
+  proj_factor: float = 2.0
+  qkv_proj_blocksize: int = 4
+  round_to: int = 64
+  conv_bias: bool = True
+
+
+class GroupedLinear(nnx.Module):
+  """Block-diagonal linear map: [..., G * b] -> [..., G * b] with G independent b x b blocks."""
+
+  def __init__(self, features: int, block: int, dims: Dims, rngs):
+    self.block = block
+    self.weight = param(rngs, nnx.initializers.normal(dims.init_std), (features // block, block, block),
+                        ("heads", None, None), dims.param_dtype)
+
+  def __call__(self, x):
+    xb = x.reshape(*x.shape[:-1], -1, self.block)
+    return jnp.einsum("...gi,gio->...go", xb, self.weight[...].astype(x.dtype)).reshape(x.shape)
+
+
+class MLSTM(LinearMixer):
+  """x: [B, L, D] -> ([B, L, D], new cache or None)."""
+
+  def __init__(self, cfg: MLSTMConfig, dims: Dims, rngs: nnx.Rngs):
+    self._setup(cfg, dims)
+    D, H = dims.hidden, cfg.num_heads
+    inner = int(math.ceil(cfg.proj_factor * D / cfg.round_to) * cfg.round_to)
+    if inner % H or inner % cfg.qkv_proj_blocksize:
+      raise ValueError(f"mLSTM inner width {inner} must be divisible by `num_heads` {H} and "
+                       f"`qkv_proj_blocksize` {cfg.qkv_proj_blocksize}")
+    self.inner, self.head_dim = inner, inner // H
+    self.proj_up = dense(D, 2 * inner, ("embed", "heads"), dims, rngs)
+    self._make_conv("x", inner, rngs, activation="silu")
+    self.q_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
+    self.k_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
+    self.v_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
+    # xLSTM's gate init: zero weights, input-gate bias ~ N(0, 0.1), forget-gate bias linspace(3, 6).
+    zeros = nnx.initializers.zeros
+    self.igate = dense(3 * inner, H, ("heads", None), dims, rngs, bias=True, kernel_init=zeros)
+    self.fgate = dense(3 * inner, H, ("heads", None), dims, rngs, bias=True, kernel_init=zeros)
+    self.igate.bias = param(rngs, nnx.initializers.normal(0.1), (H,), (None,), dims.param_dtype)
+    self.fgate.bias = param(rngs, lambda k, s, d: jnp.linspace(3.0, 6.0, s[0], dtype=d), (H,), (None,),
+                            dims.param_dtype)
+    self.o_norm = GroupNorm(H, inner, cfg.norm_eps, dims, rngs, bias=False)
+    self.learnable_skip = param(rngs, nnx.initializers.ones, (inner,), ("heads",), dims.param_dtype)
+    self.proj_down = dense(inner, D, ("heads", "embed"), dims, rngs)
+    d = self.head_dim
+    self.state_shapes = ((H, d, d), (H, d), (H,))
+
+  def __call__(self, x, cache=None, ctx: Context | None = None):
+    x_m, z = jnp.split(self.proj_up(x), 2, axis=-1)
+    (x_c,), conv = self.short_conv({"x": x_m}, cache, ctx)
+    q, k, v = self.q_proj(x_c), self.k_proj(x_c), self.v_proj(x_m)
+    gate_in = jnp.concatenate([q, k, v], axis=-1)
+    i, f = self.igate(gate_in).astype(F32), self.fgate(gate_in).astype(F32)
+    q, k, v = (split_heads(t, self.head_dim) for t in (q, k, v))
+    h, state = run_op(chunk_mlstm, fused_recurrent_mlstm, (q, k, v, i, f), state=self.state_of(cache),
+                      decode=self.decoding(x, cache), packing=ctx and ctx.packing,
+                      backend=self.cfg.backend)
+    h = self.o_norm(h.reshape(x_c.shape)) + self.learnable_skip[...].astype(x.dtype) * x_c
+    return self.proj_down(h * jax.nn.silu(z)), self.new_cache(cache, state, conv)

@@ -1,0 +1,46 @@
+"""Multi-scale retention (RetNet, Sun et al. 2023) as fla's `MultiScaleRetention` layer.
+
+q/k/v projections (key dim D, value dim 2D), RoPE on q and k, fixed per-head decays
+gamma_h = 1 - 2^(-5-h) (inside the op), S = gamma S + k v^T, per-head RMSNorm with a swish output
+gate, output projection.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+
+from pallas_kernels.retention import chunk_retention, fused_recurrent_retention
+
+from lineax_lm.layers.base import LinearMixer, ctx_or_default
+from lineax_lm.layers.common import Context, Dims, MixerConfig, rope, run_op
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionConfig(MixerConfig):
+  num_heads: int = 8
+  expand_k: float = 1.0
+  expand_v: float = 2.0
+  use_short_conv: bool = False
+  use_output_gate: bool = True
+  rope_theta: float = 10000.0
+
+
+class MultiScaleRetention(LinearMixer):
+  """x: [B, L, D] -> ([B, L, D], new cache or None)."""
+
+  def __init__(self, cfg: RetentionConfig, dims: Dims, rngs: nnx.Rngs):
+    self._setup(cfg, dims)
+    D, H = dims.hidden, cfg.num_heads
+    self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs)
+    self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_output_gate)
+
+  def __call__(self, x, cache=None, ctx: Context | None = None):
+    cfg = self.cfg
+    ctx = ctx_or_default(x, ctx)
+    q, k, v, conv = self.qkv(x, cache, ctx)
+    q, k = rope(q, ctx.positions, cfg.rope_theta), rope(k, ctx.positions, cfg.rope_theta)
+    o, state = run_op(chunk_retention, fused_recurrent_retention, (q, k, v),
+                      state=self.state_of(cache), decode=self.decoding(x, cache),
+                      packing=ctx.packing, backend=cfg.backend)
+    return self.output(o, x), self.new_cache(cache, state, conv)

@@ -1,0 +1,280 @@
+"""HybridLM: a decoder of pre-norm blocks whose token mixer is a linear-attention layer or softmax
+attention, placed by a ratio.
+
+    x = embed(tokens)
+    for each layer:  x = x + mixer(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
+    logits = head(RMSNorm(x))                          (float32; head tied to the embedding or not)
+
+`attn_ratio` "r:1" = r linear layers then one attention layer, repeated (24 layers at "3:1": attention
+at 3, 7, ..., 23); "pure" = no attention; "transformer" / "attention" = every layer attention (then
+the model is exactly a Llama); `attn_layers` (explicit indices) overrides the ratio.
+
+Packed rows: `segment_ids` [B, L] (a change of id starts a new sequence) make the linear mixers
+reset their state at each boundary (the batch runs as one row with cu_seqlens of at most
+B * max_segments sequences; more than that under jit turns the logits into NaN: raise
+`max_segments`), the short convolutions stop at boundaries, attention masks across them, and RoPE
+positions restart at 0 unless `positions` are given.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+
+from lineax_lm.layers import (Context, Dims, Packing, RMSNorm, SwiGLU, build_mixer, mixer_config,
+                              mlp_width)
+from lineax_lm.layers.common import INIT_STD, param
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int = 32000
+  num_layers: int = 24
+  hidden: int = 1024
+  heads: int = 16                          # attention heads
+  kv_heads: int | None = None              # attention key/value heads (GQA); None = heads
+  head_dim: int | None = None              # attention head dim; None = hidden // heads
+  mlp_hidden: int | None = None            # None: fla's rule, 8/3 hidden rounded up to 256
+  linear_mlp_hidden: int | None = None     # MLP width of the linear-mixer blocks (default mlp_hidden)
+  mixer: str = "gated_deltanet"            # the linear mixer (lineax_lm.layers.MIXERS)
+  mixer_cfg: Any = ()                      # overrides of the mixer's config (dict or item pairs)
+  attn_ratio: str = "pure"                 # "pure" | "transformer" | "attention" | "r:1"
+  attn_layers: tuple | None = None         # explicit attention layer indices (override attn_ratio)
+  window: int | None = None                # sliding window of the attention layers
+  rope_theta: float = 10000.0
+  attn_impl: str | None = None             # jax.nn.dot_product_attention implementation
+  norm_eps: float = 1e-6
+  tie_embeddings: bool = False
+  init_std: float = INIT_STD
+  remat: str = "none"                      # REMAT_POLICIES
+  dtype: str = "float32"                   # activations
+  param_dtype: str = "float32"
+  backend: str = "auto"                    # op backend for every mixer
+  max_segments: int = 16                   # packed sequences per row (static bound under jit)
+
+  def __post_init__(self):
+    items = self.mixer_cfg.items() if isinstance(self.mixer_cfg, Mapping) else self.mixer_cfg
+    object.__setattr__(self, "mixer_cfg", tuple(sorted(dict(items).items())))
+    if self.attn_layers is not None:
+      object.__setattr__(self, "attn_layers", tuple(int(i) for i in self.attn_layers))
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"`remat` must be one of {sorted(REMAT_POLICIES)}; got {self.remat!r}")
+    if self.max_segments < 1:
+      raise ValueError(f"`max_segments` must be >= 1; got {self.max_segments}")
+    attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)  # validates
+
+  @classmethod
+  def from_config(cls, config) -> "ModelConfig":
+    """From an ml_collections ConfigDict (or any mapping) with a subset of the fields."""
+    d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"unknown model config key(s) {unknown}; known: {sorted(names)}")
+    return cls(**d)
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  @property
+  def attention_indices(self) -> tuple:
+    return attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)
+
+  def dims(self, layer_idx: int = 0) -> Dims:
+    return Dims(self.hidden, layer_idx, self.num_layers, jnp.dtype(self.dtype),
+                jnp.dtype(self.param_dtype), self.init_std)
+
+  def linear_mixer_config(self):
+    return mixer_config(self.mixer, **{"norm_eps": self.norm_eps, "backend": self.backend,
+                                       **dict(self.mixer_cfg)})
+
+  def attention_config(self):
+    return mixer_config("attention", num_heads=self.heads, num_kv_heads=self.kv_heads,
+                        head_dim=self.head_dim, rope_theta=self.rope_theta, window=self.window,
+                        attn_impl=self.attn_impl, norm_eps=self.norm_eps, backend=self.backend)
+
+
+def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -> tuple:
+  """Indices of the attention layers. "r:1": r linear layers then one attention layer, repeated
+  (when num_layers < r + 1 the one attention layer is the last layer)."""
+  if explicit is not None:
+    bad = [i for i in explicit if not 0 <= i < num_layers]
+    if bad:
+      raise ValueError(f"`attn_layers` {bad} are outside 0..{num_layers - 1}")
+    return tuple(sorted(set(explicit)))
+  ratio = str(attn_ratio).strip().lower()
+  if ratio in ("pure", "none", "linear"):
+    return ()
+  if ratio in ("transformer", "attention", "all"):
+    return tuple(range(num_layers))
+  r, _, one = ratio.partition(":")
+  if one != "1" or not r.isdigit() or int(r) < 1:
+    raise ValueError(f"`attn_ratio` must be 'pure', 'transformer', 'attention' or 'r:1' with r >= 1 "
+                     f"(e.g. '3:1'); got {attn_ratio!r}")
+  period = int(r) + 1
+  return tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
+
+
+def make_packing(segment_ids, max_segments: int):
+  """segment_ids [B, L] -> (Packing, positions within each sequence [B, L], overflow flag).
+
+  cu_seqlens has exactly the number of sequences + 1 entries when `segment_ids` is concrete, and
+  B * max_segments + 1 under jit (padded with B * L: empty sequences); `overflow` says that the
+  sequences did not fit."""
+  B, L = segment_ids.shape
+  if isinstance(segment_ids, jax.core.Tracer):
+    n = B * max_segments
+  else:  # concrete: the exact number of sequences
+    s = np.asarray(segment_ids)
+    n = B + int(np.sum(s[:, 1:] != s[:, :-1]))
+  seg = jnp.asarray(segment_ids)
+  starts = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  flat = starts.reshape(-1)
+  count = jnp.sum(flat, dtype=jnp.int32)
+  offsets = jnp.nonzero(flat, size=n, fill_value=B * L)[0]
+  cu_seqlens = jnp.concatenate([offsets, jnp.array([B * L])]).astype(jnp.int32)
+  reset_ids = (jnp.cumsum(flat, dtype=jnp.int32) - 1).reshape(B, L)
+  t = jnp.arange(L, dtype=jnp.int32)
+  positions = t - lax.cummax(jnp.where(starts, t, 0), axis=1)
+  return Packing(cu_seqlens, reset_ids), positions, count > n
+
+
+class Block(nnx.Module):
+  """Pre-norm block: x + mixer(attn_norm(x)), then + mlp(mlp_norm(x))."""
+
+  def __init__(self, config: ModelConfig, layer_idx: int, rngs: nnx.Rngs):
+    dims = config.dims(layer_idx)
+    self.is_attention = layer_idx in config.attention_indices
+    name, mcfg = (("attention", config.attention_config()) if self.is_attention
+                  else (config.mixer, config.linear_mixer_config()))
+    self.attn_norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
+    self.mixer = build_mixer(name, mcfg, dims, rngs)
+    self.mlp_norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
+    width = None if self.is_attention else config.linear_mlp_hidden
+    width = width or config.mlp_hidden or mlp_width(config.hidden)
+    self.mlp = SwiGLU(config.hidden, width, dims, rngs)
+
+  def __call__(self, x, cache, ctx: Context, lower_bound=None):
+    kw = {"lower_bound": lower_bound} if getattr(self.mixer, "uses_lower_bound", False) else {}
+    h, cache = self.mixer(self.attn_norm(x), cache, ctx, **kw)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+def _block_call(block, x, cache, ctx, lower_bound):
+  return block(x, cache, ctx, lower_bound)
+
+
+class HybridLM(nnx.Module):
+  """inputs [B, L] int32 -> logits [B, L, vocab] float32."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    self.config = config
+    dims = config.dims()
+    normal = nnx.initializers.normal(config.init_std)
+    self.embed = nnx.Embed(
+        config.vocab_size, config.hidden, dtype=dims.dtype, param_dtype=dims.param_dtype, rngs=rngs,
+        embedding_init=nnx.with_partitioning(normal, ("vocab", "embed"), eager_sharding=False))
+    self.blocks = nnx.List([Block(config, i, rngs) for i in range(config.num_layers)])
+    self.norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
+    self.lm_head = None if config.tie_embeddings else param(
+        rngs, normal, (config.hidden, config.vocab_size), ("embed", "vocab"), dims.param_dtype)
+    widths = {b.mixer.forget_dim for b in self.blocks if getattr(b.mixer, "uses_lower_bound", False)}
+    # HGRN / HGRN-2: forget-gate lower bounds, softmax over layers then cumsum (grow with depth).
+    self.lower_bounds = param(rngs, nnx.initializers.zeros, (config.num_layers, widths.pop()),
+                              ("layers", "heads"), dims.param_dtype) if widths else None
+
+  def __call__(self, inputs, segment_ids=None, positions=None):
+    """inputs: [B, L] int32; segment_ids: [B, L] (packed rows); positions: [B, L] RoPE positions."""
+    return self._forward(inputs, segment_ids, positions, None)[0]
+
+  def step(self, inputs, cache):
+    """Prefill (L > 1) or decode (L == 1) `inputs` [B, L] after the cache's `pos` tokens.
+    Returns (logits [B, L, vocab] float32, new cache)."""
+    return self._forward(inputs, None, None, cache)
+
+  def init_cache(self, batch: int, max_len: int, dtype=None):
+    """Zero cache for `batch` sequences of up to `max_len` tokens: {"pos": int32 scalar,
+    "layers": [one cache per layer]} (linear layers: recurrent + conv states; attention: KV)."""
+    return {"pos": jnp.zeros((), jnp.int32),
+            "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
+
+  def cache_bytes(self, context_len: int, dtype=None) -> dict:
+    """Bytes one sequence's cache needs at `context_len` tokens, per layer kind, computed from the
+    layer dimensions (not from a cache)."""
+    out = {"attention": 0, "linear": 0}
+    for b in self.blocks:
+      out["attention" if b.is_attention else "linear"] += b.mixer.cache_bytes(context_len, dtype)
+    out["total"] = out["attention"] + out["linear"]
+    return out
+
+  def generate(self, prompt_ids, max_new_tokens: int, **sampling):
+    """See lineax_lm.models.generate.generate."""
+    from lineax_lm.models.generate import generate
+    return generate(self, prompt_ids, max_new_tokens, **sampling)
+
+  def _lower_bounds(self):
+    if self.lower_bounds is None:
+      return [None] * len(self.blocks)
+    lb = jax.nn.softmax(self.lower_bounds[...].astype(jnp.float32), axis=0)
+    lb = jnp.cumsum(lb, axis=0) - lb[0]
+    return [lb[i] for i in range(len(self.blocks))]
+
+  def _forward(self, inputs, segment_ids, positions, cache):
+    config = self.config
+    if inputs.ndim != 2:
+      raise ValueError(f"`inputs` must be [B, L] token ids; got shape {inputs.shape}")
+    B, L = inputs.shape
+    packing, overflow = None, None
+    if segment_ids is not None:
+      if tuple(segment_ids.shape) != (B, L):
+        raise ValueError(f"`segment_ids` must have the shape of `inputs` {(B, L)}; "
+                         f"got {segment_ids.shape}")
+      packing, seg_positions, overflow = make_packing(segment_ids, config.max_segments)
+      positions = seg_positions if positions is None else positions
+    start = None if cache is None else cache["pos"]
+    if positions is None:
+      positions = jnp.arange(L, dtype=jnp.int32) + (0 if start is None else start)
+    ctx = Context(jnp.broadcast_to(positions, (B, L)).astype(jnp.int32), packing, start)
+
+    call = _block_call
+    if config.remat != "none" and cache is None:
+      call = nnx.remat(_block_call, policy=REMAT_POLICIES[config.remat])
+    x = self.embed(inputs)
+    layer_caches = []
+    for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
+      x, layer_cache = call(block, x, None if cache is None else cache["layers"][i], ctx, lb)
+      layer_caches.append(layer_cache)
+    x = self.norm(x)
+    head = self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]
+    logits = jnp.einsum("bld,dv->blv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
+    if overflow is not None:
+      logits = jnp.where(overflow, jnp.nan, logits)
+    new_cache = None if cache is None else {"pos": cache["pos"] + L, "layers": layer_caches}
+    return logits, new_cache
+
+
+class _ShapeOnlyKeys:
+  """Stands in for nnx.Rngs under nnx.eval_shape, where only shapes matter: drawing from nnx.Rngs
+  there makes flax 0.12 format an error message per draw (cost quadratic in the model size)."""
+
+  def params(self):
+    return jax.random.key(0)
+
+
+def abstract_model(config: ModelConfig) -> HybridLM:
+  """The model with jax.ShapeDtypeStruct parameters (nothing allocated): for counting parameters and
+  sizing caches of large configs."""
+  return nnx.eval_shape(lambda: HybridLM(config, _ShapeOnlyKeys()))

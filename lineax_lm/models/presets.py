@@ -1,0 +1,126 @@
+"""Model presets at the source papers' two scales, and a parameter counter.
+
+  "<mixer>_340m"          hidden 1024, 24 layers, vocab 32,000, tied embeddings, pure <mixer>
+  "<mixer>_1.3b"          hidden 2048, 24 layers
+  "<mixer>_hybrid_340m"   the same with attention at every 4th layer ("3:1": layers 3, 7, ..., 23)
+  "<mixer>_hybrid_1.3b"
+  "transformer_340m" / "transformer_1.3b"   Llama-style (16 heads, SwiGLU 2816 / 5632)
+  "gated_deltanet_340m_fla"  fla's GatedDeltaNetForCausalLM as timed in the H200 anchor (4 heads x 256,
+                           expand_v 2, untied embeddings, norm_eps 1e-6): 475M parameters, not 340M.
+
+Each mixer's widths (heads, expand ratios, MLP width) follow fla's layer defaults but are chosen so
+that a block has about the parameters of a Transformer block (4 D^2 mixer + SwiGLU), as the papers do
+when they compare at equal size: e.g. Gated DeltaNet uses num_heads * head_dim = D / 2 (expand_v 2),
+RetNet and mLSTM (mixers of 8 D^2 and 6 D^2) get a narrower MLP in their blocks (attention blocks
+of the hybrids keep the standard one).
+
+    python -m lineax_lm.models.presets            # per-component parameter counts of every preset
+"""
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+
+from flax import nnx
+
+from lineax_lm.layers import LINEAR_MIXERS
+from lineax_lm.models.hybrid import ModelConfig, abstract_model
+
+SCALES = {
+    "340m": dict(vocab_size=32000, num_layers=24, hidden=1024, heads=16, tie_embeddings=True),
+    "1.3b": dict(vocab_size=32000, num_layers=24, hidden=2048, heads=16, tie_embeddings=True),
+}
+
+# mixer -> scale -> (mixer_cfg overrides, MLP width of the linear blocks; None: fla's 8/3 rule)
+MIXER_SIZES = {
+    "linear_attn": {"340m": ({"num_heads": 8}, None), "1.3b": ({"num_heads": 16}, None)},
+    "retention": {"340m": ({"num_heads": 8}, 1536), "1.3b": ({"num_heads": 8}, 2816)},
+    "simple_gla": {"340m": ({"num_heads": 4, "expand_k": 0.5}, None),
+                   "1.3b": ({"num_heads": 4, "expand_k": 0.5}, None)},
+    "mamba2": {"340m": ({"num_heads": 4, "expand_k": 0.5}, None),
+               "1.3b": ({"num_heads": 4, "expand_k": 0.5}, None)},
+    "gla": {"340m": ({"num_heads": 4}, None), "1.3b": ({"num_heads": 4}, None)},
+    "hgrn": {"340m": ({}, None), "1.3b": ({}, None)},
+    "hgrn2": {"340m": ({"expand_ratio": 128}, None), "1.3b": ({"expand_ratio": 128}, None)},
+    "deltanet": {"340m": ({"num_heads": 8}, None), "1.3b": ({"num_heads": 16}, None)},
+    "gated_deltanet": {"340m": ({"num_heads": 2, "head_dim": 256}, None),
+                       "1.3b": ({"num_heads": 4, "head_dim": 256}, None)},
+    "kda": {"340m": ({"num_heads": 8, "head_dim": 128}, None),
+            "1.3b": ({"num_heads": 16, "head_dim": 128}, None)},
+    "rwkv6": {"340m": ({"num_heads": 4}, None), "1.3b": ({"num_heads": 8}, None)},
+    "mlstm": {"340m": ({"num_heads": 4}, 2048), "1.3b": ({"num_heads": 4}, 4096)},
+}
+
+
+def _build_presets() -> dict:
+  presets = {}
+  for scale, base in SCALES.items():
+    presets[f"transformer_{scale}"] = ModelConfig(**base, attn_ratio="transformer")
+    for mixer in LINEAR_MIXERS:
+      mixer_cfg, mlp_hidden = MIXER_SIZES[mixer][scale]
+      cfg = ModelConfig(**base, mixer=mixer, mixer_cfg=mixer_cfg, linear_mlp_hidden=mlp_hidden)
+      presets[f"{mixer}_{scale}"] = cfg
+      presets[f"{mixer}_hybrid_{scale}"] = cfg.replace(attn_ratio="3:1")
+  presets["gated_deltanet_340m_fla"] = ModelConfig(
+      vocab_size=32000, num_layers=24, hidden=1024, mixer="gated_deltanet",
+      mixer_cfg={"num_heads": 4, "head_dim": 256, "expand_v": 2.0}, tie_embeddings=False, norm_eps=1e-6)
+  return presets
+
+
+PRESETS = _build_presets()
+
+
+def get_preset(name: str, **overrides) -> ModelConfig:
+  """A preset by name, with ModelConfig field overrides (e.g. dtype="bfloat16", backend="xla")."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+  return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+
+
+def _component(path: tuple) -> str:
+  head = str(path[0])
+  if head == "embed":
+    return "embedding"
+  if head == "lm_head":
+    return "head"
+  if head == "norm":
+    return "norms"
+  if head == "lower_bounds":
+    return "mixers"
+  part = str(path[2])  # blocks, index, part
+  return {"attn_norm": "norms", "mlp_norm": "norms", "mlp": "mlps"}.get(part, "mixers")
+
+
+def count_params(config: ModelConfig) -> dict:
+  """Parameter counts per component {embedding, mixers, attention, mlps, norms, head, total}, from
+  an abstract model (nnx.eval_shape: nothing is allocated). "attention" is the part of "mixers" in
+  attention layers."""
+  model = abstract_model(config)
+  counts = defaultdict(int)
+  attention = set(config.attention_indices)
+  for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    n = math.prod(leaf.shape)
+    comp = _component(path)
+    counts[comp] += n
+    if comp == "mixers" and str(path[0]) == "blocks" and int(path[1]) in attention:
+      counts["attention"] += n
+  counts["total"] = sum(v for k, v in counts.items() if k != "attention")
+  return {k: counts.get(k, 0) for k in ("embedding", "mixers", "attention", "mlps", "norms", "head",
+                                         "total")}
+
+
+def format_counts(name: str, counts: dict) -> str:
+  m = lambda k: f"{counts[k] / 1e6:8.2f}M"
+  return (f"{name:30s} total {m('total')} | embedding {m('embedding')} mixers {m('mixers')} "
+          f"(attention {m('attention')}) mlps {m('mlps')} norms {m('norms')} head {m('head')}")
+
+
+def main(argv=None):
+  names = (argv or sys.argv[1:]) or sorted(PRESETS)
+  for name in names:
+    print(format_counts(name, count_params(get_preset(name))), flush=True)
+
+
+if __name__ == "__main__":
+  main()

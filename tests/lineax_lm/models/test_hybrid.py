@@ -1,0 +1,145 @@
+"""HybridLM: layer placement, packed == unpacked, an all-attention model is a Llama, generation."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lineax_lm.models.hybrid import HybridLM, ModelConfig, attention_layers, make_packing
+from tests.lineax_lm.tiny import tiny_config, tokens
+
+
+def test_attention_placement():
+  assert attention_layers(24, "3:1") == tuple(range(3, 24, 4))
+  assert attention_layers(24, "6:1") == (6, 13, 20)
+  assert attention_layers(24, "12:1") == (12,)
+  assert attention_layers(24, "24:1") == (23,)  # fewer than r + 1 layers: the last one
+  assert attention_layers(24, "pure") == ()
+  assert attention_layers(5, "transformer") == attention_layers(5, "attention") == (0, 1, 2, 3, 4)
+  assert attention_layers(24, "3:1", [0, 5]) == (0, 5)
+  for bad in ("3:2", "x:1", "0:1", "half"):
+    with pytest.raises(ValueError, match="attn_ratio"):
+      attention_layers(24, bad)
+  with pytest.raises(ValueError, match="attn_layers"):
+    ModelConfig(num_layers=4, attn_layers=(4,))
+
+
+def test_config_from_ml_collections():
+  import ml_collections
+  cd = ml_collections.ConfigDict(dict(num_layers=4, hidden=64, mixer="gla", mixer_cfg={"num_heads": 2},
+                                      attn_ratio="3:1"))
+  cfg = ModelConfig.from_config(cd)
+  assert cfg.attention_indices == (3,) and dict(cfg.mixer_cfg) == {"num_heads": 2}
+  hash(cfg)
+  with pytest.raises(ValueError, match="hiden"):
+    ModelConfig.from_config({"hiden": 3})
+
+
+def test_make_packing():
+  seg = jnp.asarray([[3, 3, 5, 5, 5], [1, 1, 1, 1, 2]])
+  packing, positions, overflow = make_packing(seg, max_segments=4)
+  np.testing.assert_array_equal(packing.cu_seqlens, [0, 2, 5, 9, 10])
+  np.testing.assert_array_equal(positions, [[0, 1, 0, 1, 2], [0, 1, 2, 3, 0]])
+  assert not bool(overflow)
+  traced = jax.jit(lambda s: make_packing(s, 3))(seg)
+  np.testing.assert_array_equal(traced[0].cu_seqlens, [0, 2, 5, 9, 10, 10, 10])  # B * 3 + 1
+  assert bool(jax.jit(lambda s: make_packing(s, 1)[2])(seg))  # 3 sequences > B * 1
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "rwkv6", "retention", "hgrn"])
+def test_packed_equals_unpacked(mixer):
+  """Two rows of two sequences each: packed logits == each sequence run alone (jit, static bound).
+  gated_deltanet runs as a 3:1 hybrid (attention masks); rwkv6 has a token shift, retention RoPE,
+  hgrn the elementwise op."""
+  kw = dict(num_layers=4, attn_ratio="3:1") if mixer == "gated_deltanet" else {}
+  model = HybridLM(tiny_config(mixer, **kw), nnx.Rngs(0))
+  x = jnp.asarray(tokens((2, 24), seed=3))
+  seg = jnp.asarray([[0] * 9 + [1] * 15, [4] * 15 + [2] * 9])
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def run(state, x, seg):
+    m = nnx.merge(graphdef, state)
+    short, long = jnp.stack([x[0, :9], x[1, 15:]]), jnp.stack([x[0, 9:], x[1, :15]])
+    return m(x, segment_ids=seg), m(short), m(long)
+
+  packed, short, long = run(state, x, seg)
+  np.testing.assert_allclose(np.asarray(packed[0, :9]), np.asarray(short[0]), atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(packed[1, 15:]), np.asarray(short[1]), atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(packed[0, 9:]), np.asarray(long[0]), atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(packed[1, :15]), np.asarray(long[1]), atol=2e-4, rtol=1e-4)
+
+
+def test_too_many_segments_under_jit_gives_nan():
+  model = HybridLM(tiny_config("gated_deltanet", num_layers=1, max_segments=1), nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  seg = jnp.asarray([[0] * 5 + [1] * 5])
+  run = jax.jit(lambda s, x, seg: nnx.merge(graphdef, s)(x, segment_ids=seg))
+  out = run(state, jnp.asarray(tokens((1, 10))), seg)
+  assert np.all(np.isnan(out))
+
+
+def llama_reference(model, x):
+  """A Llama forward written from the HF layout (embed -> [RMSNorm, attention, RMSNorm, SwiGLU] ->
+  RMSNorm -> tied head), reading the weights by their Llama names."""
+  from tests.lineax_lm.layers.test_layers import llama_attention_reference
+  cfg = model.config
+  p = lambda v: np.asarray(v[...], np.float64)
+  rms = lambda h, w: h / np.sqrt(np.mean(h * h, -1, keepdims=True) + cfg.norm_eps) * w
+  silu = lambda t: t / (1 + np.exp(-t))
+  h = p(model.embed.embedding)[np.asarray(x)]
+  for blk in model.blocks:
+    a, m = blk.mixer, blk.mlp
+    u = rms(h, p(blk.attn_norm.weight))
+    h = h + llama_attention_reference(u, p(a.q_proj.kernel), p(a.k_proj.kernel), p(a.v_proj.kernel),
+                                      p(a.o_proj.kernel), cfg.heads, cfg.kv_heads, cfg.rope_theta)
+    u = rms(h, p(blk.mlp_norm.weight))
+    h = h + (silu(u @ p(m.gate_proj.kernel)) * (u @ p(m.up_proj.kernel))) @ p(m.down_proj.kernel)
+  return rms(h, p(model.norm.weight)) @ p(model.embed.embedding).T
+
+
+def test_all_attention_model_is_a_llama():
+  cfg = tiny_config("transformer", tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5)
+  model = HybridLM(cfg, nnx.Rngs(0))
+  x = tokens((2, 12))
+  np.testing.assert_allclose(np.asarray(model(jnp.asarray(x))), llama_reference(model, x), atol=1e-4,
+                             rtol=1e-4)
+  names = {".".join(map(str, k)) for k, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  assert names == {"embed.embedding", "norm.weight"} | {
+      f"blocks.{i}.{n}" for i in range(2) for n in (
+          "attn_norm.weight", "mixer.q_proj.kernel", "mixer.k_proj.kernel", "mixer.v_proj.kernel",
+          "mixer.o_proj.kernel", "mlp_norm.weight", "mlp.gate_proj.kernel", "mlp.up_proj.kernel",
+          "mlp.down_proj.kernel")}
+
+
+def test_every_param_has_logical_axes():
+  model = HybridLM(tiny_config("hgrn", num_layers=4, attn_ratio="3:1"), nnx.Rngs(0))
+  for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes = v.get_metadata().get("out_sharding")
+    assert axes is not None and len(axes) == v[...].ndim, path
+
+
+def test_generate_greedy_matches_argmax_and_stops_at_eos():
+  model = HybridLM(tiny_config("gated_deltanet", attn_ratio="1:1"), nnx.Rngs(0))  # GDN + attention
+  prompt = jnp.asarray(tokens((2, 5), seed=1))
+  out = model.generate(prompt, 6, temperature=0)
+  assert out.shape == (2, 11)
+  np.testing.assert_array_equal(np.asarray(out[:, :5]), np.asarray(prompt))
+  # greedy: every new token is the argmax of the full forward over the tokens before it
+  want = jnp.argmax(jax.jit(model.__call__)(out[:, :-1])[:, 4:], -1)
+  np.testing.assert_array_equal(np.asarray(out[:, 5:]), np.asarray(want))
+  # top_k = 1 sampling (with a top_p filter too) is greedy; after eos a row repeats eos
+  eos = int(out[0, 7])
+  got = np.asarray(model.generate(prompt, 6, temperature=0.7, top_k=1, top_p=0.9, rng=jax.random.key(3),
+                                  eos_id=eos))
+  want = np.asarray(out).copy()
+  for row in want:
+    hits = np.flatnonzero(row[5:] == eos)
+    if hits.size:
+      row[5 + hits[0]:] = eos
+  np.testing.assert_array_equal(got, want)
+  assert np.all(got[0, 7:] == eos)
+  with pytest.raises(ValueError, match="rng"):
+    model.generate(prompt, 2, temperature=1.0)
+  with pytest.raises(ValueError, match="top_p"):
+    model.generate(prompt, 2, temperature=1.0, top_p=0.0, rng=jax.random.key(0))
