@@ -46,13 +46,14 @@ def causal_mask(C: int, strict: bool = False):
   return jnp.tril(jnp.ones((C, C), bool), -1 if strict else 0)
 
 
-def decay_matrix(gc, strict: bool = False):
-  """exp(gc_i - gc_j) on the (strictly) lower triangle, 0 above: [..., C] -> [..., C, C].
+def decay_matrix(gc, strict: bool = False, gq=None):
+  """exp(gq_i - gc_j) on the (strictly) lower triangle, 0 above: [..., C] -> [..., C, C].
 
-  The mask is applied before the exp so that a positive difference is never exponentiated.
+  `gq` (default `gc`) is the query-side cumsum (see `gated_scores`). The mask is applied before the
+  exp so that a positive difference is never exponentiated.
   """
   C = gc.shape[-1]
-  diff = gc[..., :, None] - gc[..., None, :]
+  diff = (gc if gq is None else gq)[..., :, None] - gc[..., None, :]
   return jnp.exp(jnp.where(causal_mask(C, strict), diff, -jnp.inf))
 
 
@@ -70,10 +71,13 @@ def l2norm(x, eps: float = 1e-6):
   return (xf * lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def gated_scores(a, b, gc, dtype, strict: bool = False, sub: int = 16):
-  """Decayed intra-chunk scores: sum_c a[i,c] b[j,c] exp(gc[i,c] - gc[j,c]) for j <= i (j < i if
+def gated_scores(a, b, gc, dtype, strict: bool = False, sub: int = 16, gq=None):
+  """Decayed intra-chunk scores: sum_c a[i,c] b[j,c] exp(gq[i,c] - gc[j,c]) for j <= i (j < i if
   `strict`), zero above the diagonal. a, b: [..., C, K]; gc: chunk-local cumsum [..., C, K] for
   per-channel gates or [..., C, 1] for a scalar gate. Returns float32 [..., C, C].
+  `gq` (same shape, default `gc`) is the query-side cumsum: RWKV-6 reads the state before its own
+  token and passes the exclusive cumsum with strict=True. It must be non-increasing in i with
+  gq[i] <= gc[j] for every unmasked j < i, so no exponent below is positive.
 
   Scalar gates factor out of the sum. Per-channel gates do not, and exp(gc_i) * exp(-gc_j) can
   overflow, so the chunk is split into sub-chunks of `sub`: across sub-chunks both factors are taken
@@ -81,23 +85,24 @@ def gated_scores(a, b, gc, dtype, strict: bool = False, sub: int = 16):
   <= 1), within a sub-chunk the [sub, sub, K] product is formed with the mask applied before the exp.
   """
   C = a.shape[-2]
+  gq = gc if gq is None else gq
   if gc.shape[-1] == 1:
-    return mm("...ik,...jk->...ij", a, b, dtype) * decay_matrix(gc[..., 0], strict)
+    return mm("...ik,...jk->...ij", a, b, dtype) * decay_matrix(gc[..., 0], strict, gq[..., 0])
   sub = sub if C % sub == 0 else C
   n = C // sub
   lead = a.shape[:-2]
   blocks = lambda x: x.reshape(*lead, n, sub, x.shape[-1])
-  ab, bb, gb = blocks(a.astype(F32)), blocks(b.astype(F32)), blocks(gc)
+  ab, bb, gb, gqb = blocks(a.astype(F32)), blocks(b.astype(F32)), blocks(gc), blocks(gq)
   # Across sub-chunks: query block p against every key j < r_p = p * sub.
-  g_ref = gb[..., :, :1, :]                                             # [..., n, 1, K]
-  a_rel = ab * jnp.exp(gb - g_ref)                                      # <= 1
+  g_ref = gqb[..., :, :1, :]                                            # [..., n, 1, K]
+  a_rel = ab * jnp.exp(gqb - g_ref)                                     # <= 1
   before = (jnp.arange(C)[None, :] < (jnp.arange(n) * sub)[:, None])    # [n, C]
   expo = jnp.where(before[..., None], g_ref - gc[..., None, :, :], -jnp.inf)  # [..., n, C, K]
   b_rel = b[..., None, :, :].astype(F32) * jnp.exp(expo)
   across = mm("...pik,...pjk->...pij", a_rel, b_rel, dtype)              # [..., n, sub, C]
   # Within a sub-chunk: explicit [sub, sub, K] products, masked before the exp.
   mask = causal_mask(sub, strict)
-  expo = jnp.where(mask[..., None], gb[..., :, None, :] - gb[..., None, :, :], -jnp.inf)
+  expo = jnp.where(mask[..., None], gqb[..., :, None, :] - gb[..., None, :, :], -jnp.inf)
   within = jnp.einsum("...ik,...jk,...ijk->...ij", ab, bb, jnp.exp(expo),
                       precision=precision_for(dtype))                   # [..., n, sub, sub]
   out = across

@@ -1,0 +1,71 @@
+"""Chunked gated linear attention in pure JAX: the one chunked core of every additive family.
+
+Per chunk of C tokens with the chunk-local gate cumsum G (float32; [.., C, K] per channel or
+[.., C, 1] scalar) and the state S (float32, K x V) at the chunk start:
+  o    = (scale q exp(Gq)) S + A v,    A_ij = scale sum_c q_ic k_jc exp(Gq_ic - G_jc), j <= i
+  S    = diag(exp(G_C)) S + (k exp(G_C - G))^T v
+GLA, simple GLA, retention and linear attention read the state after their token: Gq = G, j <= i.
+RWKV-6 (`u` given) reads it before: Gq = G - g (the exclusive cumsum), j < i, and adds the diagonal
+bonus scale (q_i . (u k_i)) v_i. A comes from `gated_scores` (scalar gates factor out; per-channel
+gates go through sub-chunks so no exponent is positive); every exponent here is <= 0.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels.common import varlen
+from pallas_kernels.common.chunk import (F32, chunk_local_cumsum, from_chunks, gated_scores, mm,
+                                         to_chunks)
+from pallas_kernels.common.scan import scan_with_resets
+from pallas_kernels.gla.reference import fused_recurrent_gla  # noqa: F401
+
+CHUNK = 64
+
+
+def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None,
+              chunk_size: int = CHUNK):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K] log decays;
+  u None, or the RWKV-6 bonus [H, K] (then o_t reads S_{t-1}).
+
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
+  """
+  B, T, H, K = q.shape
+  V, dt, C = v.shape[-1], q.dtype, chunk_size
+  g = jnp.zeros((B, T, H, 1), F32) if g is None else g.astype(F32)
+  g = g[..., None] if g.ndim == 3 else g
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
+
+  # Pad (and for varlen re-pack chunk-aligned) with zero tokens: k = 0, g = 0 leave the state as is.
+  layout = None if cu_seqlens is None else varlen.chunk_layout(cu_seqlens, T, C)
+  if layout is not None:
+    q, k, v, g = (varlen.pack(x, layout) for x in (q, k, v, g))
+  elif T % C:
+    q, k, v, g = (jnp.pad(x, [(0, 0), (0, -T % C), (0, 0), (0, 0)]) for x in (q, k, v, g))
+  q, k, v, g = (to_chunks(x, C) for x in (q, k, v, g))                # [B, H, N, C, .]
+
+  G = jnp.moveaxis(chunk_local_cumsum(jnp.moveaxis(g, -1, -2)), -2, -1)  # [B, H, N, C, K or 1]
+  Gq = G if u is None else G - g
+  A = gated_scores(q, k, G, dt, strict=u is not None, gq=Gq) * scale
+  o = mm("bhnij,bhnjv->bhniv", A, v, dt)
+  if u is not None:
+    u = u.astype(F32)[None, :, None, None, :]                          # [1, H, 1, 1, K]
+    bonus = jnp.sum(q.astype(F32) * u * k.astype(F32), -1, keepdims=True) * scale
+    o = o + bonus * v.astype(F32)
+
+  G_last = G[..., -1:, :]                                             # [B, H, N, 1, K or 1]
+  k_out = (k.astype(F32) * jnp.exp(G_last - G)).astype(dt)
+  decay_last = jnp.swapaxes(jnp.exp(G_last), -1, -2)                 # [B, H, N, K or 1, 1]
+
+  def step(S, x):                                                     # S [B, H, K, V]
+    k_c, v_c, d_c = x
+    return S * d_c + mm("bhck,bhcv->bhkv", k_c, v_c, dt), S
+
+  chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
+  segments = None if layout is None else layout.segments
+  S, S_in = scan_with_resets(step, h0, tuple(map(chunk_major, (k_out, v, decay_last))), segments)
+  q_dec = q.astype(F32) * jnp.exp(Gq) * scale
+  o = o + mm("bhnck,bhnkv->bhncv", q_dec, jnp.moveaxis(S_in, 0, 2), dt)
+  o = from_chunks(o.astype(dt))
+  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
+  return o, S
