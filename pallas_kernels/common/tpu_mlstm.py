@@ -2,12 +2,14 @@
 normalizer n and max-stabilizer m), forward and backward, for the StateKernel runner of tpu_layout.
 
 The state is the tuple (C [K, V], n [1, K], m [1, 1]), three float32 VMEM scratches carried across
-the chunk axis. Per chunk, with b the chunk-local cumsum of log f and i the input gates (rows
-[1, C], computed outside; padding tokens carry i = -1e30 so they write nothing):
-  L_ts = b_t - b_s + i_s (s <= t),  m_t = max(b_t + m, max_s L_ts)      (the recurrence's m_t)
+the chunk axis. Per chunk, with log f and the input gates i as rows [1, C] (computed outside;
+padding tokens carry i = -1e30 so they write nothing), D_ts = sum_{s < r <= t} log f_r (one float32
+matmul of 0/1 masks, summed over its own range: differences of cumsums lose precision once they
+reach the hundreds) and b_t = sum_{r <= t} log f_r:
+  L_ts = D_ts + i_s (s <= t),  m_t = max(b_t + m, max_s L_ts)          (the recurrence's m_t)
   P    = scale (q k^T) exp(L - m_t),  q~ = scale q exp(b_t + m - m_t)
   o    = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + eps)
-  m'   = m_C,  w_s = exp(b_C - b_s + i_s - m'),  C' = exp(b_C + m - m') C + (k w)^T v,  n' likewise
+  m'   = m_C,  w_s = exp(D_Cs + i_s - m'),  C' = exp(b_C + m - m') C + (k w)^T v,  n' likewise
 Every exp is of a masked, non-positive difference. The backward kernel differentiates exactly this,
 including the stabilizer path (max picks its argument; ties split evenly, as jax's max does).
 """
@@ -18,8 +20,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import F32, causal, col, col_to_row, dot, iota, masked_exp, row
-from pallas_kernels.common.tpu_math import row_to_col
+from pallas_kernels.common.tpu_math import (F32, causal, col_to_row, dot, iota, masked_exp, row,
+                                             row_to_col)
 
 
 class Static(NamedTuple):
@@ -31,8 +33,7 @@ class Static(NamedTuple):
 
 
 class _Chunk(NamedTuple):
-  b: jnp.ndarray       # [C, 1]
-  L: jnp.ndarray       # [C, C] log weights b_t - b_s + i_s (valid on s <= t)
+  L: jnp.ndarray       # [C, C] log weights D_ts + i_s (valid on s <= t)
   mrow: jnp.ndarray    # [C, 1] max_s L_ts
   x: jnp.ndarray       # [C, 1] b_t + m
   m: jnp.ndarray       # [C, 1] the stabilizer m_t
@@ -44,17 +45,25 @@ class _Chunk(NamedTuple):
   Z: jnp.ndarray       # [C, 1] max(|den|, exp(-m_t)) + eps
   m_end: jnp.ndarray   # [1, 1]
   decay: jnp.ndarray   # [1, 1] exp(b_C + m - m_end)
-  w: jnp.ndarray       # [C, 1] exp(b_C - b_s + i_s - m_end)
+  w: jnp.ndarray       # [C, 1] exp(D_Cs + i_s - m_end)
   kw: jnp.ndarray      # [C, K] float32
 
 
+def _masks(C: int):
+  """(r <= t as [t, r], s < r as [r, s]) in float32: inclusive prefix and strict suffix sums."""
+  t, r = iota((C, C), 0), iota((C, C), 1)
+  return jnp.where(r <= t, 1.0, 0.0), jnp.where(r < t, 1.0, 0.0)
+
+
 def _chunk(st: Static, xs, S) -> _Chunk:
-  q, k, v, b_r, i_r = xs
+  q, k, v, lf_r, i_r = xs
   Cs, ns, ms = S
   dt, C = q.dtype, st.C
   mask = causal(C, False)
-  b, i = row_to_col(b_r), row_to_col(i_r)
-  L = b - b_r + i_r
+  incl, strict = _masks(C)
+  D = dot(incl, row_to_col(lf_r) * strict, F32)               # D_ts = sum_{s < r <= t} log f_r
+  b = jnp.sum(incl * lf_r, axis=1, keepdims=True)              # b_t = sum_{r <= t} log f_r
+  L = D + i_r
   mrow = jnp.max(jnp.where(mask, L, -jnp.inf), axis=1, keepdims=True)  # the diagonal is always in
   x = b + ms
   m = jnp.maximum(x, mrow)
@@ -64,9 +73,9 @@ def _chunk(st: Static, xs, S) -> _Chunk:
   num = dot(qt, Cs, dt) + dot(P, v, dt)
   den = jnp.sum(qt * ns, axis=1, keepdims=True) + jnp.sum(P, axis=1, keepdims=True)
   Z = jnp.maximum(jnp.abs(den), jnp.exp(-m)) + st.eps
-  m_end, g = row(m, C - 1), col(b_r, C - 1)
-  w = jnp.exp(g - b + i - m_end)
-  return _Chunk(b, L, mrow, x, m, E, P, qt, num, den, Z, m_end, jnp.exp(g + ms - m_end), w,
+  m_end, g = row(m, C - 1), row(b, C - 1)
+  w = jnp.exp(row_to_col(row(D, C - 1) + i_r) - m_end)
+  return _Chunk(L, mrow, x, m, E, P, qt, num, den, Z, m_end, jnp.exp(g + ms - m_end), w,
                 k.astype(F32) * w)
 
 
@@ -118,7 +127,7 @@ def _backward(st: Static, xs, S, do, dS):
   dkw = dot(v, dC_next, dt, tb=True) + dn_next
   dk = dot(dQK, q, dt, ta=True) + dkw * c.w
   dw = jnp.sum(dkw * k.astype(F32), axis=1, keepdims=True) * c.w  # d(log w_s)
-  zdec = ddecay * c.decay                                       # d(b_C + m - m')
+  zdec = ddecay * c.decay                                       # d(b_C + m - m'), b_C = sum log f
   sum_dw = jnp.sum(dw, axis=0, keepdims=True)
   dm = dm + jnp.where(rows == C - 1, dm_next - zdec - sum_dw, 0.0)
   # m_t = max(x_t, max_s L_ts), x = b + m.
@@ -127,12 +136,14 @@ def _backward(st: Static, xs, S, do, dS):
   hit = jnp.where(mask & (c.L == c.mrow), 1.0, 0.0)
   dL = dL + hit * (dm * (1.0 - wx) / jnp.sum(hit, axis=1, keepdims=True))
   dms = zdec + jnp.sum(dx, axis=0, keepdims=True)
-  # L_ts = b_t - b_s + i_s; log w_s = b_C - b_s + i_s - m'.
-  db_col = dx + jnp.sum(dL, axis=1, keepdims=True) - dw + jnp.where(rows == C - 1, zdec + sum_dw, 0.0)
-  dL_cols = jnp.sum(dL, axis=0, keepdims=True)
-  db = col_to_row(db_col) - dL_cols
-  di = col_to_row(dw) + dL_cols
-  return (dq, dk, dv, db, di), (dCs, dns, dms)
+  # L = D + i, D = incl diag(log f) strict; log w_s = sum_{r > s} log f_r + i_s - m'; x = b + m.
+  incl, strict = _masks(C)
+  dw_r = col_to_row(dw)
+  dlf = (col_to_row(jnp.sum(dot(incl, dL, F32, ta=True) * strict, axis=1, keepdims=True)
+                    + jnp.sum(strict * dw_r, axis=1, keepdims=True))
+         + jnp.sum(incl * dx, axis=0, keepdims=True) + zdec)
+  di = jnp.sum(dL, axis=0, keepdims=True) + dw_r
+  return (dq, dk, dv, dlf, di), (dCs, dns, dms)
 
 
 KERNEL = tl.StateKernel("mlstm", _forward, _backward)

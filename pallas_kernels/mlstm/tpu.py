@@ -23,8 +23,8 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, in
   H, K = q.shape[2:]
   p, _, qkv = tl.qkv_inputs(q, k, v, None, cu_seqlens, chunk_size)  # the state is a tuple here
   C0, n0, m0 = initial_states(initial_state, p.n_seq, H, K, v.shape[-1])
-  _, b = tl.log_gates(jax.nn.log_sigmoid(f.astype(F32)), p, H)
-  xs = (*qkv, b, tl.to_rows(tl.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
+  logf = tl.to_rows(tl.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
+  xs = (*qkv, logf, tl.to_rows(tl.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
   st = Static(p.N, p.C, float(scale), EPS, interpret)
   o, (C, n, m) = tl.run(KERNEL, st, p, xs, (C0, n0[:, :, None], m0[:, :, None, None]))
   return tl.from_kernel(o, p), (C, n[:, :, 0], m[:, :, 0, 0])
