@@ -60,7 +60,7 @@ class AdditiveSuite:
   def test_xla_matches_reference(self, i, T, H, K, V, dtype):
     harness.check_op(self.CASES[i % len(self.CASES)], T=T, H=H, K=K, V=V, dtype=dtype)
 
-  @pytest.mark.parametrize("i,dtype", enumerate(harness.DTYPES))
+  @pytest.mark.parametrize("i,dtype", list(enumerate(harness.DTYPES)))
   def test_varlen_against_reference(self, i, dtype):
     harness.check_op(self.CASES[i % len(self.CASES)], T=300, H=2, K=64, V=32, dtype=dtype,
                      varlen=True)
