@@ -127,6 +127,12 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
   return tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
 
 
+def segment_ids_from_cu_seqlens(cu_seqlens, length: int):
+  """FlashAttention-style offsets [0, ..., T] of sequences packed in one row -> segment ids [1, T]."""
+  cu = jnp.asarray(cu_seqlens, jnp.int32)
+  return (jnp.searchsorted(cu, jnp.arange(length), side="right") - 1)[None].astype(jnp.int32)
+
+
 def make_packing(segment_ids, max_segments: int):
   """segment_ids [B, L] -> (Packing, positions within each sequence [B, L], overflow flag).
 

@@ -5,6 +5,7 @@
   "<mixer>_hybrid_340m"   the same with attention at every 4th layer ("3:1": layers 3, 7, ..., 23)
   "<mixer>_hybrid_1.3b"
   "transformer_340m" / "transformer_1.3b"   Llama-style (16 heads, SwiGLU 2816 / 5632)
+  "smollm2_135m"           the distillation teacher (SmolLM2-135M): an all-attention HybridLM is a Llama
   "gated_deltanet_340m_fla"  fla's GatedDeltaNetForCausalLM as timed in the H200 anchor (4 heads x 256,
                            expand_v 2, untied embeddings, norm_eps 1e-6): 475M parameters, not 340M.
 
@@ -62,6 +63,10 @@ def _build_presets() -> dict:
       cfg = ModelConfig(**base, mixer=mixer, mixer_cfg=mixer_cfg, linear_mlp_hidden=mlp_hidden)
       presets[f"{mixer}_{scale}"] = cfg
       presets[f"{mixer}_hybrid_{scale}"] = cfg.replace(attn_ratio="3:1")
+  # The distillation teacher's architecture (SmolLM2-135M, a Llama): 134,515,008 parameters.
+  presets["smollm2_135m"] = ModelConfig(
+      vocab_size=49152, num_layers=30, hidden=576, heads=9, kv_heads=3, mlp_hidden=1536,
+      attn_ratio="transformer", tie_embeddings=True, rope_theta=100000.0, norm_eps=1e-5)
   presets["gated_deltanet_340m_fla"] = ModelConfig(
       vocab_size=32000, num_layers=24, hidden=1024, mixer="gated_deltanet",
       mixer_cfg={"num_heads": 4, "head_dim": 256, "expand_v": 2.0}, tie_embeddings=False, norm_eps=1e-6)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, attention_layers, make_packing
+from lineax_lm.models.hybrid import (HybridLM, ModelConfig, attention_layers, make_packing,
+                                     segment_ids_from_cu_seqlens)
 from tests.lineax_lm.tiny import tiny_config, tokens
 
 
@@ -44,6 +45,7 @@ def test_make_packing():
   traced = jax.jit(lambda s: make_packing(s, 3))(seg)
   np.testing.assert_array_equal(traced[0].cu_seqlens, [0, 2, 5, 9, 10, 10, 10])  # B * 3 + 1
   assert bool(jax.jit(lambda s: make_packing(s, 1)[2])(seg))  # 3 sequences > B * 1
+  np.testing.assert_array_equal(segment_ids_from_cu_seqlens([0, 2, 5, 6], 6), [[0, 0, 1, 1, 1, 2]])
 
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "rwkv6", "retention", "hgrn"])
@@ -110,6 +112,18 @@ def test_all_attention_model_is_a_llama():
           "attn_norm.weight", "mixer.q_proj.kernel", "mixer.k_proj.kernel", "mixer.v_proj.kernel",
           "mixer.o_proj.kernel", "mlp_norm.weight", "mlp.gate_proj.kernel", "mlp.up_proj.kernel",
           "mlp.down_proj.kernel")}
+
+
+def test_remat_gives_the_same_gradients():
+  x = jnp.asarray(tokens((2, 8)))
+  grads = []
+  for remat in ("none", "full"):
+    model = HybridLM(tiny_config("transformer", num_layers=1, remat=remat), nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
+    grads.append(jax.jit(jax.grad(loss))(state))
+  for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
 def test_every_param_has_logical_axes():

@@ -32,6 +32,10 @@ def test_fla_anchor_preset_matches_fla_gated_deltanet():
   assert counts["head"] == counts["embedding"] == 32000 * 1024
 
 
+def test_smollm2_preset_has_the_teachers_parameter_count():
+  assert count_params(get_preset("smollm2_135m"))["total"] == 134_515_008
+
+
 def test_hybrid_cache_is_at_most_a_third_of_the_transformer_cache_at_32k():
   ctx = 32768
   hybrid = get_preset("gated_deltanet_hybrid_340m", dtype="bfloat16")
