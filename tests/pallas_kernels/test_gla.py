@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
 from tests.pallas_kernels import harness
@@ -46,11 +45,12 @@ def recurrence_float64(q, k, v, g, u, h0, scale):
 
 # --- the shared suite ----------------------------------------------------------------------------
 
-class AdditiveSuite:
-  """Subclasses set CASES (harness.OpCase objects: the shape matrix and the varlen test cycle through
-  them, the other tests use CASES[0]) and `float64(inputs) -> (q, k, v, g, u)`, the
-  recurrence_float64 arguments of CASES[0]'s inputs."""
+class AdditiveSuite(harness.FamilySuite):
+  """harness.FamilySuite with several cases: subclasses set CASES (harness.OpCase objects; the shape
+  matrix and the varlen test cycle through them, the other tests use CASE = CASES[0]) and
+  `float64(inputs) -> (q, k, v, g, u)`, the recurrence_float64 arguments of CASE's inputs."""
   CASES: tuple = ()
+  CASE = property(lambda self: self.CASES[0])
 
   @staticmethod
   def float64(inputs):
@@ -65,28 +65,10 @@ class AdditiveSuite:
     harness.check_op(self.CASES[i % len(self.CASES)], T=300, H=2, K=64, V=32, dtype=dtype,
                      varlen=True)
 
-  def test_varlen_equals_per_sequence_loop(self):
-    harness.check_varlen_matches_loop(self.CASES[0])
-
-  def test_chunk_then_fused_recurrent_decode(self):
-    harness.check_decode_continuation(self.CASES[0])
-
-  @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
-  @given(B=st.integers(1, 2), T=st.integers(1, 140), H=st.integers(1, 3),
-         K=st.sampled_from([8, 16, 24]), V=st.integers(1, 20))
-  def test_property_shapes_and_agreement(self, B, T, H, K, V):
-    case = self.CASES[0]
-    inputs = case.make_inputs(np.random.default_rng(T * 7 + K), B, T, H, K, V)
-    run = jax.jit(lambda xs, backend: case.chunk(*xs, output_final_state=True, backend=backend),
-                  static_argnums=1)
-    (o, S), (o_ref, S_ref) = run(tuple(inputs.values()), "xla"), run(tuple(inputs.values()), "reference")
-    assert o.shape == (B, T, H, V) and S.shape == (B, H, K, V) and S.dtype == jnp.float32
-    assert harness.rel_rms(o, o_ref) < 1e-4 and harness.rel_rms(S, S_ref) < 1e-4
-
   def test_reference_matches_independent_float64_recurrence(self):
     B, T, H, K, V = 2, 150, 2, 32, 24
     rng = np.random.default_rng(2026)
-    case = self.CASES[0]
+    case = self.CASE
     inputs = case.make_inputs(rng, B, T, H, K, V)
     h0 = make_state(rng, B, H, K, V)
     o64, S64 = recurrence_float64(*self.float64(inputs), h0, K ** -0.5)
@@ -97,7 +79,7 @@ class AdditiveSuite:
     assert max(errs) < 1e-5, errs
 
   def test_bad_inputs_raise_clear_errors(self):
-    case = self.CASES[0]
+    case = self.CASE
     x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
     first, *others = x
     with pytest.raises(ValueError, match=f"`{first}` must have rank 4"):
@@ -120,25 +102,25 @@ class AdditiveSuite:
 
 
 class GatedSuite(AdditiveSuite):
-  """AdditiveSuite plus the tests of families with log-decay gate inputs (CASES[0].gates; its
+  """AdditiveSuite plus the tests of families with log-decay gate inputs (CASE.gates; its
   `make_inputs` takes a `gate_scale` keyword)."""
 
   @pytest.mark.parametrize("gate_scale", [0.01, 10.0])
   def test_extreme_gates(self, gate_scale):
-    case = self.CASES[0]
+    case = self.CASE
     case = dataclasses.replace(case, make_inputs=functools.partial(case.make_inputs,
                                                                    gate_scale=gate_scale))
     harness.check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
 
   def test_positive_gates_raise(self):
-    case = self.CASES[0]
+    case = self.CASE
     x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
     for name in case.gates:
       with pytest.raises(ValueError, match=f"`{name}` holds natural-log decays"):
         case.chunk(*dict(x, **{name: jnp.abs(x[name]) + 0.5}).values())
 
   def test_positive_gates_are_clamped_under_jit(self):
-    case = self.CASES[0]
+    case = self.CASE
     x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
     run = jax.jit(lambda xs: case.chunk(*xs)[0])
     o = run(tuple((jnp.abs(a) if n in case.gates else a) for n, a in x.items()))
