@@ -1,0 +1,61 @@
+"""The mLSTM, token by token in float32: the definition every other path is tested against
+(mlstm_kernels' `mlstm_recurrent_step__native_fw`).
+
+  logf_t = log_sigmoid(f_t);  m_t = max(logf_t + m_{t-1}, i_t)
+  C_t = exp(logf_t + m_{t-1} - m_t) C_{t-1} + exp(i_t - m_t) k_t v_t^T
+  n_t = exp(logf_t + m_{t-1} - m_t) n_{t-1} + exp(i_t - m_t) k_t
+  o_t = C_t^T (scale q_t) / (max(|n_t . (scale q_t)|, exp(-m_t)) + EPS)
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels.common.scan import scan_with_resets
+from pallas_kernels.common.varlen import token_segments
+
+F32 = jnp.float32
+HI = lax.Precision.HIGHEST
+EPS = 1e-6  # mlstm_kernels' default
+
+
+def initial_states(initial_state, N, H, K, V):
+  """The float32 state (C [N, H, K, V], n [N, H, K], m [N, H]); zeros by default (mlstm_kernels')."""
+  if initial_state is None:
+    return jnp.zeros((N, H, K, V), F32), jnp.zeros((N, H, K), F32), jnp.zeros((N, H), F32)
+  return tuple(s.astype(F32) for s in initial_state)
+
+
+def mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None):
+  """Returns (o [B, T, H, V] float32, (C [N, H, K, V], n [N, H, K], m [N, H]) float32)."""
+  B, T, H, K = q.shape
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  state0 = initial_states(initial_state, n_seq, H, K, v.shape[-1])
+  q, k, v, i = (x.astype(F32) for x in (q, k, v, i))
+  logf = jax.nn.log_sigmoid(f.astype(F32))
+
+  def step(state, x):
+    C, n, m = state
+    q_t, k_t, v_t, i_t, lf_t = x
+    m_new = jnp.maximum(lf_t + m, i_t)
+    fa, ia = jnp.exp(lf_t + m - m_new)[..., None], jnp.exp(i_t - m_new)[..., None]
+    C = fa[..., None] * C + ia[..., None] * k_t[..., :, None] * v_t[..., None, :]
+    n = fa * n + ia * k_t
+    qs = q_t * scale
+    num = jnp.einsum("bhkv,bhk->bhv", C, qs, precision=HI)
+    den = jnp.maximum(jnp.abs(jnp.einsum("bhk,bhk->bh", n, qs, precision=HI)), jnp.exp(-m_new)) + EPS
+    return (C, n, m_new), num / den[..., None]
+
+  time_major = lambda x: jnp.moveaxis(x, 1, 0)
+  segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
+  state, o = scan_with_resets(step, state0, tuple(map(time_major, (q, k, v, i, logf))), segments)
+  return jnp.moveaxis(o, 0, 1), state
+
+
+def fused_recurrent_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None):
+  o, state = mlstm(q, k, v, i, f, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+  return o.astype(q.dtype), state
+
+
+chunk_mlstm = fused_recurrent_mlstm

@@ -1,0 +1,98 @@
+"""Chunked mLSTM in pure JAX (any platform; differentiable by autodiff), in mlstm_kernels' chunkwise
+form with a chunk-local stabilizer (README.md has the derivation).
+
+Per chunk of C tokens, with b the chunk-local inclusive cumsum of logf (float32), g = b_C,
+D_ts = sum_{s < r <= t} logf_r and a_s = sum_{r > s} logf_r + i_s (log weight of s's write at the end):
+  m_loc = max_s a_s                                     (chunk-local stabilizer, no state needed)
+  C_loc = (k exp(a - m_loc))^T v,  n_loc = sum_s exp(a_s - m_loc) k_s        (batched matmuls)
+one sequential pass over chunks with the state (C, n, m) at each chunk start (float32):
+  m' = max(g + m, m_loc);  C' = exp(g + m - m') C + exp(m_loc - m') C_loc  (n likewise)
+which is exactly the recurrence's m at the chunk end, and then, batched over chunks, the outputs with
+the recurrence's own m_t = max(b_t + m, max_{s<=t} (D_ts + i_s)):
+  P    = lower(scale q_t . k_s exp(D_ts + i_s - m_t));   q~ = scale q_t exp(b_t + m - m_t)
+  o_t  = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + EPS)
+D and a are summed over their own ranges, not taken as differences of b (which loses precision once
+b is in the hundreds). Every exp is of a masked, non-positive difference. Padding tokens (ragged T,
+varlen re-packing) have q = k = v = 0, logf = 0 and i = -1e30, which leaves (C, n, m) unchanged.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.common import varlen
+from pallas_kernels.common.chunk import (F32, causal_mask, chunk_local_cumsum, from_chunks, mm,
+                                         to_chunks)
+from pallas_kernels.common.scan import scan_with_resets
+from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm, initial_states  # noqa: F401
+
+CHUNK = 64
+NO_INPUT = -1e30  # input-gate value of padding tokens: exp(i - m) == 0, finite so no NaN in gradients
+
+
+def _suffix_sum(logf):
+  """sum_{r > s} logf_r within the chunk, [..., C] -> [..., C]."""
+  suffix = jnp.cumsum(jnp.flip(logf, -1), -1)                        # reversed inclusive
+  return jnp.flip(jnp.pad(suffix[..., :-1], [(0, 0)] * (logf.ndim - 1) + [(1, 0)]), -1)
+
+
+def _segment_sums(logf):
+  """D[t, s] = sum_{s < r <= t} logf_r (0 on and above the diagonal): [..., C] -> [..., C, C]."""
+  C = logf.shape[-1]
+  return jnp.cumsum(jnp.where(causal_mask(C, strict=True), logf[..., :, None], 0.0), axis=-2)
+
+
+def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, chunk_size: int = CHUNK):
+  """q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] pre-activations.
+
+  Returns (o [B, T, H, V] in q.dtype, (C [N, H, K, V], n [N, H, K], m [N, H]) float32).
+  """
+  B, T, H, K = q.shape
+  V, dt, C = v.shape[-1], q.dtype, chunk_size
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  state0 = initial_states(initial_state, n_seq, H, K, V)
+  i, logf = i.astype(F32), jax.nn.log_sigmoid(f.astype(F32))
+
+  layout = None
+  if cu_seqlens is not None:
+    layout = varlen.chunk_layout(cu_seqlens, T, C)
+    q, k, v, logf = (varlen.pack(x, layout) for x in (q, k, v, logf))
+    i = varlen.pack(i, layout, NO_INPUT)
+  elif T % C:
+    pad = lambda x, val=0.0: jnp.pad(x, [(0, 0), (0, -T % C)] + [(0, 0)] * (x.ndim - 2),
+                                     constant_values=val)
+    q, k, v, logf, i = pad(q), pad(k), pad(v), pad(logf), pad(i, NO_INPUT)
+  q, k, v, i, logf = (to_chunks(x, C) for x in (q, k, v, i, logf))   # [B, H, N, C, .]
+
+  b = chunk_local_cumsum(logf)                                       # [B, H, N, C]
+  g = b[..., -1]                                                     # [B, H, N]
+  a = _suffix_sum(logf) + i                                          # g - b, summed directly
+  m_loc = jnp.max(a, axis=-1)
+  k_w = k.astype(F32) * jnp.exp(a - m_loc[..., None])[..., None]     # [B, H, N, C, K]
+  C_loc = mm("bhnck,bhncv->bhnkv", k_w, v, dt)
+  n_loc = jnp.sum(k_w, axis=-2)
+
+  def step(state, x):                                 # C [B, H, K, V], n [B, H, K], m [B, H]
+    Cs, ns, ms = state
+    g_c, m_loc_c, C_loc_c, n_loc_c = x
+    m_next = jnp.maximum(g_c + ms, m_loc_c)
+    decay, inject = jnp.exp(g_c + ms - m_next)[..., None], jnp.exp(m_loc_c - m_next)[..., None]
+    nxt = (decay[..., None] * Cs + inject[..., None] * C_loc_c, decay * ns + inject * n_loc_c, m_next)
+    return nxt, state
+
+  chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
+  segments = None if layout is None else layout.segments
+  state, starts = scan_with_resets(step, state0, tuple(map(chunk_major, (g, m_loc, C_loc, n_loc))),
+                                   segments)
+  C0, n0, m0 = (jnp.moveaxis(s, 0, 2) for s in starts)               # [B, H, N, ...]
+
+  log_d = jnp.where(causal_mask(C), _segment_sums(logf) + i[..., None, :], -jnp.inf)
+  m_t = jnp.maximum(b + m0[..., None], jnp.max(log_d, axis=-1))      # the recurrence's m_t [B, H, N, C]
+  P = mm("bhnik,bhnjk->bhnij", q, k, dt) * scale * jnp.exp(log_d - m_t[..., None])
+  q_dec = q.astype(F32) * (scale * jnp.exp(b + m0[..., None] - m_t))[..., None]
+  num = mm("bhnck,bhnkv->bhncv", q_dec, C0, dt) + mm("bhnij,bhnjv->bhniv", P, v, dt)
+  den = mm("bhnck,bhnk->bhnc", q_dec, n0, F32) + jnp.sum(P, axis=-1)
+  o = num / (jnp.maximum(jnp.abs(den), jnp.exp(-m_t)) + EPS)[..., None]
+  o = from_chunks(o.astype(dt))
+  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
+  return o, state

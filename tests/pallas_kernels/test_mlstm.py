@@ -1,0 +1,89 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
+from tests.pallas_kernels import harness
+from tests.pallas_kernels.harness import normal
+
+
+def make_inputs(rng, B, T, H, K, V, gate_scale=1.0, i_shift=0.0, f_shift=3.0):
+  return dict(q=normal(rng, B, T, H, K), k=normal(rng, B, T, H, K), v=normal(rng, B, T, H, V),
+              i=normal(rng, B, T, H, scale=gate_scale, shift=i_shift),   # exponential input gate
+              f=normal(rng, B, T, H, scale=gate_scale, shift=f_shift))   # sigmoid forget gate (~0.95)
+
+
+def make_state(rng, N, H, K, V):
+  return (normal(rng, N, H, K, V, scale=0.5), normal(rng, N, H, K, scale=0.5), normal(rng, N, H))
+
+
+# The final state's m gets a cotangent too: m is piecewise linear in (i, logf, m0) (a running max), so
+# its gradient is defined almost everywhere and both paths take the same branch away from ties; the
+# chunked path computes exactly the recurrence's m_t (see xla.py), so its gradients agree.
+CASE = harness.OpCase("mlstm", chunk_mlstm, fused_recurrent_mlstm, make_inputs, make_state, gates=("i", "f"))
+
+
+class TestXla(harness.FamilySuite):
+  CASE = CASE
+
+
+@pytest.mark.parametrize("gate_scale,i_shift,f_shift", [(0.01, 0.0, 3.0), (3.0, -10.0, 3.0), (10.0, 0.0, 0.0)])
+def test_gate_magnitudes(gate_scale, i_shift, f_shift):
+  """Gate pre-activations from nearly constant (scale 0.01) through xLSTM's initialisation regime
+  (input gates around -10) to scale 10 (input gates exp(+-30), forget gates down to exp(-30) per
+  step, chunk cumsums of log f in the hundreds). At scale 10 the stabilizer exp(-m) is negligible, so
+  o = C q / |n . q| is ill-conditioned where n . q nears 0: the chunked path sums log f over (s, t]
+  directly instead of differencing cumsums, which keeps it within ~1e-5 of the reference there."""
+  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(
+      *a, gate_scale=gate_scale, i_shift=i_shift, f_shift=f_shift))
+  harness.check_op(case, T=130, H=2, K=32, V=16, dtype="float32")
+
+
+def test_definition_by_hand():
+  """Two steps of mlstm_kernels' recurrent step in float64, from the default (zero) initial state."""
+  rng = np.random.default_rng(5)
+  x = make_inputs(rng, 1, 2, 1, 4, 3)
+  q, k, v, i, f = (np.asarray(a, np.float64)[0, :, 0] for a in x.values())
+  C, n, m, outs = np.zeros((4, 3)), np.zeros(4), 0.0, []
+  for t in range(2):
+    logf = -np.logaddexp(0.0, -f[t])
+    m_new = max(logf + m, i[t])
+    C = np.exp(logf + m - m_new) * C + np.exp(i[t] - m_new) * np.outer(k[t], v[t])
+    n = np.exp(logf + m - m_new) * n + np.exp(i[t] - m_new) * k[t]
+    m, qs = m_new, q[t] / 2
+    outs.append(C.T @ qs / (max(abs(n @ qs), np.exp(-m)) + 1e-6))
+  run = jax.jit(lambda xs, backend: chunk_mlstm(*xs, output_final_state=True, backend=backend),
+                static_argnums=1)
+  for backend in ("xla", "reference"):
+    o, (C_out, n_out, m_out) = run(tuple(x.values()), backend)
+    np.testing.assert_allclose(o[0, :, 0], np.stack(outs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(C_out[0, 0], C, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n_out[0, 0], n, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m_out[0, 0], m, rtol=1e-6)
+
+
+def test_bad_inputs_raise_clear_errors():
+  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 4)
+  q, k, v, i, f = x.values()
+  state = make_state(np.random.default_rng(1), 1, 2, 8, 4)
+  with pytest.raises(ValueError, match="`k` must have shape"):
+    chunk_mlstm(q, k[..., :4], v, i, f)
+  with pytest.raises(ValueError, match="`i` must have rank 3"):
+    chunk_mlstm(q, k, v, i[..., None], f)
+  with pytest.raises(ValueError, match="`f` must have shape"):
+    chunk_mlstm(q, k, v, i, f[:, :3])
+  with pytest.raises(ValueError, match="`f` must be a floating-point array"):
+    chunk_mlstm(q, k, v, i, f.astype(jnp.int32))
+  with pytest.raises(ValueError, match="`initial_state` must be the tuple"):
+    chunk_mlstm(*x.values(), initial_state=state[0])
+  with pytest.raises(ValueError, match="`initial_state n` must have shape"):
+    chunk_mlstm(*x.values(), initial_state=(state[0], state[1][..., :2], state[2]))
+  with pytest.raises(ValueError, match="`initial_state m` must have rank 2"):
+    fused_recurrent_mlstm(*x.values(), initial_state=(state[0], state[1], state[2][..., None]))
+  with pytest.raises(ValueError, match="`backend` must be one of"):
+    chunk_mlstm(*x.values(), backend="cuda")
+  with pytest.raises(ValueError, match="must start at 0"):
+    chunk_mlstm(*x.values(), cu_seqlens=jnp.array([1, 16], jnp.int32))
