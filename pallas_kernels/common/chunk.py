@@ -57,12 +57,30 @@ def decay_matrix(gc, strict: bool = False, gq=None):
   return jnp.exp(jnp.where(causal_mask(C, strict), diff, -jnp.inf))
 
 
-def unit_lower_inverse(A):
-  """(I + A)^-1 for strictly lower-triangular A [..., C, C], in float32 (the WY/UT transform)."""
+def unit_lower_inverse(A, base: int = 16):
+  """(I + A)^-1 for strictly lower-triangular A [..., C, C], in float32 (the WY/UT transform).
+
+  Blockwise, as a triangular solve works: [[M11, 0], [M21, M22]]^-1 has diagonal blocks M11^-1 and
+  M22^-1 and lower block -M22^-1 M21 M11^-1, recursing down to `base`-sized diagonal blocks, which
+  use (I + N)^-1 = (I - N)(I + N^2)(I + N^4)... (N nilpotent). Only matmuls: no LAPACK custom call,
+  which on multi-device CPU meshes can deadlock against collectives, and fast on accelerators.
+  """
+  A = A.astype(F32)
   C = A.shape[-1]
-  eye = jnp.eye(C, dtype=F32)
-  return jax.scipy.linalg.solve_triangular(eye + A.astype(F32), jnp.broadcast_to(eye, A.shape),
-                                           lower=True, unit_diagonal=True)
+  hi = lax.Precision.HIGHEST
+  if C <= base or C % 2:
+    eye = jnp.eye(C, dtype=F32)
+    power, inv = -A, eye - A
+    for _ in range(max(0, (C - 1).bit_length() - 1)):
+      power = jnp.matmul(power, power, precision=hi)
+      inv = jnp.matmul(inv, eye + power, precision=hi)
+    return inv
+  h = C // 2
+  t11 = unit_lower_inverse(A[..., :h, :h], base)
+  t22 = unit_lower_inverse(A[..., h:, h:], base)
+  t21 = -jnp.matmul(t22, jnp.matmul(A[..., h:, :h], t11, precision=hi), precision=hi)
+  zeros = jnp.zeros_like(t21)
+  return jnp.concatenate([jnp.concatenate([t11, zeros], -1), jnp.concatenate([t21, t22], -1)], -2)
 
 
 def l2norm(x, eps: float = 1e-6):
