@@ -241,10 +241,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
           if evals and (step % config.eval.every == 0 or step == t.steps):
             summary.update(trainer.evaluate(state["params"], evals))
             writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
-          if step % t.checkpoint_every == 0 or step == t.steps:
-            checkpoint.save(mngr, step, state, data_iter, config)
-          if stop.requested:
+          if step % t.checkpoint_every == 0 or step == t.steps or stop.requested:
             checkpoint.save(mngr, step, state, data_iter, config, force=True)
+          if stop.requested:
             log.warning("%s received: saved step %d in %s; rerun the same command to resume",
                         stop.requested, step, workdir)
             summary["stopped_by"] = stop.requested

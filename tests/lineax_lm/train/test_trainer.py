@@ -1,0 +1,156 @@
+"""The training stack on 8 fake CPU devices: sharding, exact resume, checkpoint errors, bad configs."""
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from lineax_lm.train import checkpoint, sharding
+from lineax_lm.train.config import base_config
+from lineax_lm.train.trainer import Trainer, TrainingStopped, train_and_evaluate, validate_config
+from lineax_lm.data.pipeline import make_dataset
+
+
+def tiny_config(steps=6, mixer="gated_deltanet", **model):
+  c = base_config()
+  c.model.update({**dict(vocab_size=64, num_layers=2, hidden=32, heads=2, mixer=mixer, attn_ratio="1:1",
+                         backend="xla"), **model})
+  c.data.update(dict(seq_len=32, global_batch_size=8))
+  c.data.mqar.update(dict(vocab_size=64, num_kv_pairs=4))
+  c.train.update(dict(steps=steps, log_every=1, checkpoint_every=3, warmup_steps=2, lr=3e-3,
+                      async_checkpointing=False))
+  c.eval.update(dict(every=1000, steps=1))
+  return c
+
+
+def params_of(workdir, config):
+  mesh = sharding.make_mesh(config.mesh)
+  trainer = Trainer(config, validate_config(config, mesh), mesh)
+  mngr = checkpoint.manager(workdir)
+  it = make_dataset(config.data, seed=config.seed, process_index=0, process_count=1)
+  state, step = checkpoint.restore(mngr, trainer.abstract_state(), it)
+  mngr.close()
+  return state, step, next(it)
+
+
+def test_sharded_step_equals_single_device_step():
+  config = tiny_config(attn_ratio="pure")
+  config.model.update(dict(hidden=64, heads=4))
+  model_cfg = validate_config(config, sharding.make_mesh(config.mesh))
+  batch = next(make_dataset(config.data, seed=0, process_index=0, process_count=1))
+  results = []
+  for devices, shape in ((jax.devices()[:1], (1, 1, 1)), (jax.devices(), (2, 2, 2))):
+    mesh = Mesh(np.array(devices).reshape(shape), sharding.MESH_AXES,
+                axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    trainer = Trainer(config, model_cfg, mesh)
+    with jax.set_mesh(mesh):
+      state = trainer.init()
+      state, metrics = trainer.train_step(state, trainer.put_batch(batch))
+    results.append((jax.device_get(state["params"]), jax.device_get(metrics)))
+  (p1, m1), (p8, m8) = results
+  for name in ("loss", "grad_norm", "accuracy"):
+    np.testing.assert_allclose(m1[name], m8[name], rtol=1e-5)
+  # Adam normalises each update to ~lr, so reduction-order noise in near-zero gradients moves a
+  # parameter by a fraction of lr: compare against lr.
+  for a, b in zip(jax.tree_util.tree_leaves(p1), jax.tree_util.tree_leaves(p8)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * config.train.lr)
+
+
+def _sigterm_when_step(workdir, step):
+  """Sends SIGTERM to this process once metrics.jsonl reports `step` (the loop then saves and exits)."""
+  def watch():
+    path = os.path.join(workdir, "metrics.jsonl")
+    while True:
+      if os.path.exists(path):
+        with open(path) as f:
+          if any(json.loads(line).get("step", 0) >= step for line in f if line.strip()):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+      time.sleep(0.02)
+  threading.Thread(target=watch, daemon=True).start()
+
+
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
+  config = tiny_config(steps=8)
+  straight = str(tmp_path / "straight")
+  train_and_evaluate(config, straight)
+  resumed = str(tmp_path / "resumed")
+  _sigterm_when_step(resumed, 3)
+  summary = train_and_evaluate(config, resumed)
+  assert summary.get("stopped_by") == "SIGTERM" and summary["step"] < 8
+  train_and_evaluate(config, resumed)  # the same command again resumes and finishes
+  s1, step1, next1 = params_of(straight, config)
+  s2, step2, next2 = params_of(resumed, config)
+  assert step1 == step2 == 8
+  for a, b in zip(jax.tree_util.tree_leaves(s1), jax.tree_util.tree_leaves(s2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for k in next1:  # the data iterators stand at the same place
+    np.testing.assert_array_equal(next1[k], next2[k])
+
+
+def test_corrupt_checkpoint_gives_clear_error_and_keeps_others(tmp_path):
+  config = tiny_config(steps=6)
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)
+  ckpts = os.path.join(workdir, "checkpoints")
+  assert sorted(os.listdir(ckpts)) == ["3", "6"]
+  for root, _, files in os.walk(os.path.join(ckpts, "6", "state")):
+    for name in files:  # tear every file of the latest state
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"torn")
+  with pytest.raises(checkpoint.CheckpointError, match="step 6 .* could not be restored"):
+    train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(ckpts)) == ["3", "6"]
+  config.train.restore_step = 3  # the earlier checkpoint still restores
+  config.train.steps = 4
+  assert train_and_evaluate(config, workdir)["step"] == 4
+
+
+def test_missing_checkpoint_step_is_a_clear_error(tmp_path):
+  config = tiny_config(steps=3)
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)
+  config.train.restore_step = 2
+  with pytest.raises(checkpoint.CheckpointError, match="no checkpoint for step 2"):
+    train_and_evaluate(config, workdir)
+
+
+def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
+  config = tiny_config(steps=6)
+  config.train.lr = 1e30  # the first update blows the parameters up
+  config.train.warmup_steps = 1
+  config.train.clip_norm = 0.0
+  workdir = str(tmp_path / "run")
+  with pytest.raises(TrainingStopped, match="non-finite loss or gradient at step"):
+    train_and_evaluate(config, workdir)
+  mngr = checkpoint.manager(workdir)
+  assert mngr.latest_step() is not None
+  mngr.close()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.mixer", "gated_deltanett", "unknown mixer"),
+    ("model.attn_ratio", "30:1", "needs at least 30 linear layers"),
+    ("model.attn_ratio", "3-1", "attn_ratio"),
+    ("data.global_batch_size", 12, "not divisible by the mesh's batch axes"),
+    ("model.vocab_size", 16, "smaller than the data's vocabulary"),
+])
+def test_bad_config_fails_before_compiling(field, value, message):
+  config = tiny_config()
+  section, key = field.split(".")
+  config[section][key] = value
+  with pytest.raises(ValueError, match=message):
+    validate_config(config, sharding.make_mesh(config.mesh))
+
+
+def test_config_typo_on_the_command_line_suggests_the_field():
+  from lineax_lm.train import __main__ as cli
+  with pytest.raises(SystemExit, match="did you mean --config.train.steps"):
+    cli.parse_flags(["train", "--config", "configs/base.py", "--config.train.stpes=5", "--workdir", "/tmp/x"])
