@@ -1,0 +1,56 @@
+"""MQAR sweep on CPU: gated delta rule vs GLA vs linear attention at equal state size, the plain delta
+rule, and a 3:1 Gated DeltaNet hybrid (Zoology protocol: best accuracy over learning rates).
+
+  python -m lineax_lm.eval.sweep --config configs/mqar_sweep.py --workdir runs/mqar_sweep
+
+Produces runs/mqar_sweep/{best,results}.{md,csv,json}, accuracy_vs_width.png and pareto.png (one
+subfolder per point under points/; a rerun skips finished points and resumes an interrupted one).
+Time: 10 points of 800 steps (batch 32 x 64 tokens); about 20-30 min on a shared 2-core CPU
+(1.5-2 min per 2-layer point, about twice that for the 4-layer hybrid). Expected ordering: gated
+delta rule > GLA > linear attention, and the 3:1 hybrid >= the pure (gated) delta rule; the table
+of the run is in lineax_lm/eval/README.md.
+
+`python -m lineax_lm.eval.sweep --config configs/mqar_sweep.py:quick ...` runs a 2-point smoke
+version in about a minute.
+
+Task: vocabulary 64 (keys 1..31, values 32..63), 64 tokens, 12 key-value pairs, random filler
+tokens (Zoology's default); 12 pairs for 16-dim keys per head is near an additive state's capacity.
+Models: 2 layers, width 32, two heads of key and value dim 16 for every matrix-state mixer (a
+2 x 16 x 16 float32 state per layer), short convolutions on for all (the delta-rule layers'
+default; without them additive mixers cannot form the previous-token features MQAR needs in two
+layers), the reference (lax.scan) op backend, which is the fastest on CPU at
+these sizes. The hybrid has 4 layers (3 Gated DeltaNet + 1 attention: the smallest 3:1 stack).
+"""
+import ml_collections
+
+from lineax_lm.train.config import base_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  c = base_config()
+  c.model.update(dict(vocab_size=64, num_layers=2, heads=2, backend="reference"))
+  c.data.update(dict(seq_len=64, global_batch_size=32))
+  c.data.mqar.update(dict(vocab_size=64, num_kv_pairs=12))
+  c.train.update(dict(steps=800, warmup_steps=80, log_every=100, checkpoint_every=400,
+                      async_checkpointing=False))
+  c.eval.update(dict(every=400, steps=8))          # 256 held-out examples x 12 queries
+  s.base = c
+  conv = {"use_short_conv": True}
+  s.mixers = {
+      "linear_attn": dict(mixer="linear_attn", mixer_cfg=conv),
+      "gla": dict(mixer="gla", mixer_cfg=conv),
+      "deltanet": dict(mixer="deltanet", mixer_cfg=conv),
+      "gated_deltanet": dict(mixer="gated_deltanet", mixer_cfg=conv),
+      "gated_deltanet_3:1": dict(mixer="gated_deltanet", mixer_cfg=conv, num_layers=4, attn_ratio="3:1"),
+  }
+  s.widths = [32]
+  s.heads = 2
+  s.lrs = [3e-3, 6e-3]
+  s.equal_state = True
+  if arg == "quick":
+    s.mixers = {k: s.mixers[k] for k in ("gated_deltanet", "gated_deltanet_3:1")}
+    s.lrs = [3e-3]
+    c.train.update(dict(steps=20, warmup_steps=2, log_every=10, checkpoint_every=20))
+    c.eval.update(dict(every=20, steps=1))
+  return s

@@ -1,0 +1,162 @@
+"""python -m lineax_lm.eval --workdir DIR [--tasks mqar,needle,ruler,ppl,efficiency] [options]
+
+Restores the latest (or --step) checkpoint of a training run, runs the chosen evaluations and
+writes markdown tables (+ CSV / JSON) and PNG plots into DIR/eval/, printing the tables.
+
+Tasks (comma-separated; default: mqar,efficiency for an MQAR run, ppl,needle,efficiency otherwise):
+  mqar        teacher-forced MQAR accuracy over --mqar_lengths x --mqar_kv_pairs (the run's vocab)
+  needle      RULER needle tasks (niah_*), accuracy per context length (--lengths)
+  ruler       every recall task: needle tasks + vt, cwe, fwe;  or any task names (niah_single, vt, ...)
+  ppl         perplexity / bits per byte on held-out text (--ppl_paths files, or --ppl_tfds_split
+              of the run's TFDS dataset)
+  efficiency  token-mixing FLOPs per token, cache bytes, measured forward tokens/s; Pareto PNG
+Recall tasks are scored by greedy generation (--mode generate, the model's generate()) or by
+teacher-forced exact match of the canonical answer (--mode teacher_forced, one forward pass; much
+cheaper on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from lineax_lm.eval import report
+
+RECALL = ("needle", "ruler")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(prog="python -m lineax_lm.eval", description=__doc__.split("\n")[0])
+  p.add_argument("--workdir", required=True, help="training run directory (with checkpoints/)")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  p.add_argument("--tasks", default=None, help="comma-separated tasks (see the module docstring)")
+  p.add_argument("--out", default=None, help="output folder (default: WORKDIR/eval)")
+  p.add_argument("--lengths", default="512,1024,2048,4096,8192", help="recall context lengths")
+  p.add_argument("--num_examples", type=int, default=20, help="examples per recall task and length")
+  p.add_argument("--mode", default="generate", choices=("generate", "teacher_forced"))
+  p.add_argument("--corpus", default=None, help="text files (comma-separated / globs) for haystacks")
+  p.add_argument("--tokenizer", default=None, help="'byte' or a tokenizer.json (default: the run's)")
+  p.add_argument("--mqar_lengths", default=None, help="MQAR lengths (default: the run's seq_len, x2, x4)")
+  p.add_argument("--mqar_kv_pairs", default=None, help="MQAR kv pairs (default: the run's, /2, x2)")
+  p.add_argument("--mqar_examples", type=int, default=256)
+  p.add_argument("--ppl_paths", default=None, help="held-out text files for ppl (the run's format)")
+  p.add_argument("--ppl_tfds_split", default=None, help="held-out TFDS split for ppl (e.g. validation)")
+  p.add_argument("--ppl_documents", type=int, default=200, help="at most this many documents")
+  p.add_argument("--max_len", type=int, default=None, help="ppl window (default: the run's seq_len)")
+  p.add_argument("--efficiency_lengths", default="2048,8192,32768")
+  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--seed", type=int, default=0)
+  return p.parse_args(argv)
+
+
+def _ints(s: str) -> list[int]:
+  return [int(x) for x in s.split(",") if x.strip()]
+
+
+def run(args) -> dict:
+  """Runs the evaluations of parsed `args`; returns {section title: markdown}."""
+  from lineax_lm.eval import efficiency, language, mqar, ruler
+  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint, load_config
+  from lineax_lm.data.text import resolve_paths
+
+  config = load_config(args.workdir, args.step)       # the JSON beside the checkpoint: cheap
+  is_mqar = config.data.source == "mqar"
+  tasks = [t.strip() for t in (args.tasks or ("mqar,efficiency" if is_mqar else
+                                             "ppl,needle,efficiency")).split(",") if t.strip()]
+  recall_tasks = [t for t in tasks if t in RECALL or t in ruler.TASKS]
+  unknown = [t for t in tasks if t not in ("mqar", "ppl", "efficiency") and t not in recall_tasks]
+  if unknown:
+    raise ValueError(f"`--tasks`: unknown task(s) {unknown}; see `python -m lineax_lm.eval --help`")
+  if "ppl" in tasks and (is_mqar or not (args.ppl_paths or args.ppl_tfds_split)):
+    raise ValueError("`ppl` needs held-out text: pass --ppl_paths FILES (the run's text / jsonl "
+                     "format) or --ppl_tfds_split SPLIT of the run's TFDS dataset")
+  tokenizer = data_tokenizer(config)
+  if args.tokenizer:
+    from lineax_lm.data.tokenizer import load_tokenizer
+    tokenizer = load_tokenizer(args.tokenizer)
+  model, config, step = load_checkpoint(args.workdir, args.step)
+  out = args.out or os.path.join(args.workdir, "eval")
+  os.makedirs(out, exist_ok=True)
+  sections = {}
+  title = f"{os.path.basename(os.path.abspath(args.workdir))} (step {step})"
+
+  if "mqar" in tasks:
+    m, L = config.data.mqar, config.data.seq_len
+    lengths = _ints(args.mqar_lengths) if args.mqar_lengths else [L, 2 * L, 4 * L]
+    kvs = (_ints(args.mqar_kv_pairs) if args.mqar_kv_pairs else
+           sorted({max(1, m.num_kv_pairs // 2), m.num_kv_pairs, 2 * m.num_kv_pairs}))
+    rows = mqar.mqar_grid(model, vocab_size=m.vocab_size, seq_lens=lengths, kv_pairs=kvs,
+                          num_examples=args.mqar_examples, batch_size=args.batch_size,
+                          power_a=m.power_a, random_non_queries=m.random_non_queries)
+    report.write_rows(rows, os.path.join(out, "mqar"), title=f"MQAR accuracy: {title}")
+    if rows:
+      report.line_plot(rows, x="num_kv_pairs", y="accuracy", group="seq_len",
+                       path=os.path.join(out, "mqar.png"), title=f"MQAR: {title}", ylim=(0, 1.02))
+    sections["MQAR accuracy (rows: sequence length)"] = mqar.format_grid(rows)
+
+  if recall_tasks:
+    if tokenizer is None or tokenizer.vocab_size > model.config.vocab_size:
+      raise ValueError("recall tasks need a text tokenizer whose ids fit the model's vocabulary; this "
+                       "run has none (MQAR) or a larger one: pass --tokenizer")
+    corpus = None
+    if args.corpus:
+      corpus = [open(f, encoding="utf-8").read() for f in resolve_paths(args.corpus)]
+    rows = ruler.evaluate_tasks(model, tokenizer, recall_tasks, _ints(args.lengths), args.num_examples,
+                                args.seed, args.mode, corpus, args.batch_size)
+    report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
+    report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
+                     title=f"Recall accuracy ({args.mode}): {title}", logx=True, ylim=(0, 1.02))
+    sections[f"Recall accuracy, {args.mode} (rows: task)"] = report.pivot_table(
+        rows, row="task", col="length", value="accuracy")
+
+  if "ppl" in tasks:
+    data = config.data.copy_and_resolve_references()
+    with data.unlocked():
+      if args.ppl_paths:
+        data.paths = args.ppl_paths
+      if args.ppl_tfds_split:
+        data.tfds_split = args.ppl_tfds_split
+      if args.tokenizer:
+        data.tokenizer = args.tokenizer
+    docs = language.heldout_documents(data, max_documents=args.ppl_documents)
+    res = language.perplexity(model, tokenizer, docs, max_len=args.max_len or config.data.seq_len,
+                              batch_size=args.batch_size)
+    sections["Language metrics (held-out)"] = report.write_rows(
+        [res], os.path.join(out, "ppl"), title=f"Held-out language metrics: {title}")
+
+  if "efficiency" in tasks:
+    rows = efficiency.efficiency_rows({title: model}, _ints(args.efficiency_lengths),
+                                      measure=True, batch=2, seq_len=min(512, config.data.seq_len))
+    sections["Efficiency"] = report.write_rows(rows, os.path.join(out, "efficiency"),
+                                               title=f"Efficiency: {title}")
+    quality = _quality(out)
+    if quality is not None:
+      report.pareto_plot([dict(r, quality=quality) for r in rows], x="mixing_MFLOPs_per_token",
+                         y="quality", label="context_len", path=os.path.join(out, "pareto.png"),
+                         title=f"quality vs token-mixing MFLOPs per token: {title}")
+  return sections
+
+
+def _quality(out: str):
+  """A single quality number for the Pareto plot: mean MQAR or recall accuracy written above."""
+  import json
+  for name in ("mqar", "recall"):
+    path = os.path.join(out, f"{name}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        rows = json.load(f)
+      if rows:
+        return sum(r["accuracy"] for r in rows) / len(rows)
+  return None
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  sections = run(args)
+  for title, md in sections.items():
+    print(f"\n## {title}\n\n{md.strip()}\n")
+  print(f"tables and plots in {args.out or os.path.join(args.workdir, 'eval')}")
+
+
+if __name__ == "__main__":
+  sys.exit(main())

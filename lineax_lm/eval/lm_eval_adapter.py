@@ -1,0 +1,177 @@
+"""lm-evaluation-harness adapter: `lm_eval --model lineax --model_args workdir=DIR --tasks ...`.
+
+Registration: the pyproject declares the entry point
+    [project.entry-points."lm_eval.models"]  lineax = "lineax_lm.eval.lm_eval_adapter:LineaxLM"
+which lm-eval releases with plugin discovery resolve lazily on `--model lineax`; importing this
+module also registers the class with `lm_eval.api.registry.register_model("lineax")`. With an
+lm-eval that predates entry-point discovery, run its CLI through this module, which registers the
+model first:
+    python -m lineax_lm.eval.lm_eval_adapter --model lineax --model_args workdir=DIR --tasks lambada_openai
+
+model_args: workdir (required), step (default: latest), tokenizer ("byte" or a tokenizer.json;
+default: the run's data tokenizer), max_length (default: the run's data.seq_len), batch_size,
+max_gen_toks (default 256). lm-eval is an optional extra (`pip install lineax-lm[eval]`); without it
+the class still works on any objects carrying `.args` (the tests use that), with `object` as base.
+
+Requests (lm-eval's `Instance.args`):
+  loglikelihood          (context, continuation) -> (log p(continuation | context), is greedy)
+  loglikelihood_rolling  (text,) -> log p(text | bos), rolling windows of max_length tokens
+  generate_until         (context, {"until": [...], "max_gen_toks": n, ...}) -> greedy text, cut at
+                         the first stop string (sampling arguments are ignored: greedy only)
+"""
+from __future__ import annotations
+
+import runpy
+from collections import defaultdict
+
+import numpy as np
+
+from lineax_lm.eval.scoring import Scorer, cut_at_stop, greedy_generate, loglikelihood_rolling, score_pairs
+
+try:
+  from lm_eval.api.model import LM as _Base
+  from lm_eval.api.registry import register_model as _register
+except ImportError:  # lm-eval is an optional extra
+  _Base, _register = object, None
+
+
+class LineaxLM(_Base):
+  """A lineax_lm checkpoint (or an in-memory model + tokenizer) as an lm-eval language model."""
+
+  def __init__(self, workdir: str | None = None, step: int | None = None, tokenizer=None,
+               max_length: int | None = None, batch_size: int | str = 8, max_gen_toks: int = 256,
+               model=None, **unused):
+    super().__init__()
+    self._rank, self._world_size = getattr(self, "_rank", 0), getattr(self, "_world_size", 1)
+    if model is None:
+      if workdir is None:
+        raise ValueError("LineaxLM needs `workdir` (a training run directory) or `model`")
+      from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
+      model, config, _ = load_checkpoint(workdir, None if step in (None, "", "latest") else int(step))
+      max_length = max_length or config.data.seq_len
+      tokenizer = tokenizer or data_tokenizer(config)
+    if isinstance(tokenizer, str):
+      from lineax_lm.data.tokenizer import load_tokenizer
+      tokenizer = load_tokenizer(tokenizer)
+    if tokenizer is None:
+      raise ValueError("LineaxLM needs a text tokenizer: this run trained on MQAR; pass "
+                       "tokenizer=byte or tokenizer=/path/to/tokenizer.json")
+    self.model, self.tokenizer = model, tokenizer
+    self._max_length = int(max_length or 2048)
+    self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
+    self.max_gen_toks = int(max_gen_toks)
+    self.scorer = Scorer(model, self.batch_size)
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+    """"k1=v1,k2=v2" (lm-eval's --model_args) plus lm-eval's batch_size / device settings."""
+    args = {}
+    for item in filter(None, (s.strip() for s in arg_string.split(","))):
+      key, _, value = item.partition("=")
+      args[key.strip()] = value.strip()
+    for key in ("step", "max_length", "max_gen_toks"):
+      if key in args:
+        args[key] = int(args[key])
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+    return cls(**{**extra, **args})
+
+  # lm-eval's LM properties
+  @property
+  def eot_token_id(self) -> int:
+    return self.tokenizer.eos_id
+
+  @property
+  def prefix_token_id(self) -> int:
+    return self.tokenizer.bos_id
+
+  @property
+  def max_length(self) -> int:
+    return self._max_length
+
+  @property
+  def rank(self) -> int:
+    return self._rank
+
+  @property
+  def world_size(self) -> int:
+    return self._world_size
+
+  @property
+  def tokenizer_name(self) -> str:
+    return repr(self.tokenizer)
+
+  def tok_encode(self, text: str) -> list[int]:
+    return list(self.tokenizer.encode(text))
+
+  def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Context and continuation ids such that context + continuation tokenizes as one text (trailing
+    spaces of the context move to the continuation, as lm-eval's TemplateLM does)."""
+    if not context:
+      return [self.prefix_token_id], self.tok_encode(continuation)
+    n = len(context) - len(context.rstrip())
+    if n:
+      context, continuation = context[:-n], context[-n:] + continuation
+    whole, ctx = self.tok_encode(context + continuation), self.tok_encode(context)
+    return ctx, whole[len(ctx):]
+
+  def _hook(self, kind: str, args, result):
+    hook = getattr(self, "cache_hook", None)
+    if hook is not None:
+      hook.add_partial(kind, args, result)
+
+  def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    pairs = [self._encode_pair(*req.args) for req in requests]
+    results = score_pairs(self.scorer, pairs, self.max_length)
+    for req, res in zip(requests, results):
+      self._hook("loglikelihood", req.args, res)
+    return results
+
+  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    out = []
+    for req in requests:
+      ll = loglikelihood_rolling(self.scorer, self.tok_encode(req.args[0]), self.prefix_token_id,
+                                 self.max_length)
+      self._hook("loglikelihood_rolling", req.args, ll)
+      out.append(ll)
+    return out
+
+  def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    """Greedy generation; requests with equal prompt length and budget run as one batch."""
+    jobs = defaultdict(list)
+    for i, req in enumerate(requests):
+      context, kwargs = req.args
+      kwargs = dict(kwargs or {})
+      until = kwargs.get("until") or []
+      until = [until] if isinstance(until, str) else list(until)
+      new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
+      ids = self.tok_encode(context)[-max(1, self.max_length - new):] or [self.prefix_token_id]
+      jobs[(len(ids), new)].append((i, ids, until))
+    out: list = [None] * len(requests)
+    for (_, new), group in jobs.items():
+      for s in range(0, len(group), self.batch_size):
+        part = group[s:s + self.batch_size]
+        gen = greedy_generate(self.model, np.stack([ids for _, ids, _ in part]), new,
+                              eos_id=self.eot_token_id)
+        for (i, _, until), g in zip(part, gen):
+          toks = g.tolist()
+          if self.eot_token_id in toks:
+            toks = toks[:toks.index(self.eot_token_id)]
+          out[i] = cut_at_stop(self.tokenizer.decode(toks), until)
+          self._hook("generate_until", requests[i].args, out[i])
+    return out
+
+
+if _register is not None:
+  try:
+    LineaxLM = _register("lineax")(LineaxLM)
+  except ValueError:  # an lm-eval that already holds "lineax" (e.g. from the entry point) as a string
+    pass
+
+
+def main():
+  """lm-eval's own command line, with the "lineax" model registered in this process."""
+  runpy.run_module("lm_eval", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+  main()

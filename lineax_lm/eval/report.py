@@ -1,0 +1,128 @@
+"""Reports: markdown tables, CSV / JSON files and matplotlib PNG plots of result rows (dicts)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Sequence
+
+
+def _fmt(value, fmt: str | None = None) -> str:
+  if value is None:
+    return "-"
+  if isinstance(value, float):
+    if math.isnan(value):
+      return "nan"
+    return (fmt or "{:.4g}").format(value)
+  return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None,
+                   formats: dict | None = None) -> str:
+  """A GitHub markdown table of `rows` (dicts); `columns` defaults to the keys of the first row,
+  `formats` maps a column to a format string (floats default to 4 significant digits)."""
+  if not rows:
+    return "(no rows)"
+  columns = list(columns or rows[0].keys())
+  formats = formats or {}
+  lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+  for r in rows:
+    lines.append("| " + " | ".join(_fmt(r.get(c), formats.get(c)) for c in columns) + " |")
+  return "\n".join(lines)
+
+
+def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: str = "{:.3f}") -> str:
+  """A markdown table with one line per distinct `row` value and one column per distinct `col` value
+  (in order of appearance), holding `value`."""
+  rkeys = list(dict.fromkeys(r[row] for r in rows))
+  ckeys = list(dict.fromkeys(r[col] for r in rows))
+  cells = {(r[row], r[col]): r[value] for r in rows}
+  table = [{row: rk, **{f"{col}={ck}": cells.get((rk, ck)) for ck in ckeys}} for rk in rkeys]
+  return markdown_table(table, formats={f"{col}={ck}": fmt for ck in ckeys})
+
+
+def write_rows(rows: Sequence[dict], path_stem: str, columns: Sequence[str] | None = None,
+               title: str | None = None, formats: dict | None = None) -> str:
+  """Writes `rows` as <stem>.csv, <stem>.json and <stem>.md (markdown table under `title`); returns
+  the markdown."""
+  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
+  columns = list(columns or (rows[0].keys() if rows else []))
+  with open(path_stem + ".csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+  with open(path_stem + ".json", "w") as f:
+    json.dump(list(rows), f, indent=1, default=float)
+  md = ((f"## {title}\n\n" if title else "") + markdown_table(rows, columns, formats) + "\n")
+  with open(path_stem + ".md", "w") as f:
+    f.write(md)
+  return md
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def line_plot(rows: Sequence[dict], *, x: str, y: str, group: str, path: str, title: str = "",
+              logx: bool = False, ylim=None) -> str:
+  """One line per distinct `group` value of y against x; saved as a PNG at `path`."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for g in dict.fromkeys(r[group] for r in rows):
+    pts = sorted((r[x], r[y]) for r in rows if r[group] == g and r[y] is not None)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=str(g))
+  if logx:
+    ax.set_xscale("log", base=2)
+  if ylim:
+    ax.set_ylim(*ylim)
+  ax.set_xlabel(x)
+  ax.set_ylabel(y)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+  """The points (cost, quality) not dominated by a cheaper-or-equal point of higher-or-equal
+  quality, sorted by cost."""
+  front, best = [], -math.inf
+  for c, q in sorted(points, key=lambda p: (p[0], -p[1])):
+    if q > best:
+      front.append((c, q))
+      best = q
+  return front
+
+
+def pareto_plot(rows: Sequence[dict], *, x: str, y: str, label: str, path: str, title: str = "",
+                logx: bool = True) -> str:
+  """Scatter of quality `y` against cost `x` with each point labelled by `label` and the Pareto front
+  (best quality at each cost) drawn as a step line; saved as a PNG at `path`."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  pts = [(float(r[x]), float(r[y])) for r in rows]
+  for r, (px, py) in zip(rows, pts):
+    ax.scatter(px, py, s=30)
+    ax.annotate(str(r[label]), (px, py), fontsize=7, xytext=(3, 3), textcoords="offset points")
+  front = pareto_front(pts)
+  if front:
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="k", alpha=0.5,
+            label="Pareto front")
+    ax.legend(fontsize=8)
+  if logx:
+    ax.set_xscale("log")
+  ax.set_xlabel(x)
+  ax.set_ylabel(y)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

@@ -1,0 +1,179 @@
+"""MQAR sweep runner: mixers (with their attention ratios) x model widths x learning rates, each point
+trained by `lineax_lm.train.trainer.train_and_evaluate` in its own workdir, then a results table.
+
+  python -m lineax_lm.eval.sweep --config configs/mqar_sweep.py --workdir runs/mqar_sweep
+
+A sweep config (see configs/mqar_sweep.py) holds
+  base     a training config (lineax_lm.train.config.base_config() with MQAR data)
+  mixers   {label: {"mixer": name, model overrides (attn_ratio, num_layers, ...), "mixer_cfg": {...}}}
+  widths   model widths (hidden); heads   linear-mixer heads
+  lrs      peak learning rates
+  equal_state  give every matrix-state mixer H heads of key and value dim width / H (state
+               H x (width/H)^2 per layer: equal state size at equal width)
+
+Each point writes <workdir>/points/<label>_w<width>_lr<lr>/result.json; a rerun skips finished
+points and resumes an interrupted one from its checkpoint. Results (Zoology's protocol: the best
+accuracy over learning rates for each mixer and width) go to <workdir>/results.{md,csv,json} (every
+point), best.{md,csv,json}, accuracy_vs_width.png and pareto.png (accuracy vs token-mixing FLOPs).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import time
+
+import ml_collections
+
+from lineax_lm.eval import efficiency, report
+from lineax_lm.models.hybrid import ModelConfig, abstract_model
+
+log = logging.getLogger("lineax_lm")
+
+KEY_VALUE_HEADS = ("gated_deltanet", "kda")                     # head_dim, expand_v
+EXPAND_KV = ("linear_attn", "retention", "simple_gla", "mamba2", "gla", "deltanet", "rwkv6")
+
+
+def equal_state_mixer_cfg(mixer: str, width: int, heads: int) -> dict:
+  """Mixer options giving a state of `heads` x (width / heads) x (width / heads) per layer."""
+  if width % heads:
+    raise ValueError(f"sweep: width {width} is not divisible by `heads` = {heads}")
+  d = width // heads
+  if mixer in KEY_VALUE_HEADS:
+    return dict(num_heads=heads, head_dim=d, expand_v=1.0)
+  if mixer in EXPAND_KV:
+    return dict(num_heads=heads, expand_k=1.0, expand_v=1.0)
+  if mixer == "hgrn2":
+    return dict(expand_ratio=d)
+  if mixer == "mlstm":
+    return dict(num_heads=heads, proj_factor=1.0, round_to=1)
+  return {}  # hgrn: an elementwise state of width D
+
+
+def points(sweep) -> list[dict]:
+  """The grid: one dict per (mixer label, width, lr) with the full training config."""
+  out = []
+  for label, spec in sweep.mixers.items():
+    spec = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
+    mixer = spec.pop("mixer")
+    extra_cfg = dict(spec.pop("mixer_cfg", {}))
+    for width in sweep.widths:
+      for lr in sweep.lrs:
+        cfg = copy.deepcopy(sweep.base)
+        mcfg = equal_state_mixer_cfg(mixer, width, sweep.heads) if sweep.equal_state else {}
+        with cfg.unlocked():
+          cfg.model.mixer = mixer
+          cfg.model.hidden = width
+          cfg.model.mixer_cfg = ml_collections.ConfigDict({**mcfg, **extra_cfg})
+          for k, v in spec.items():
+            cfg.model[k] = v
+          cfg.train.lr = float(lr)
+        name = re.sub(r"[^\w.-]", "-", f"{label}_w{width}_lr{lr:g}")    # a folder name
+        out.append(dict(name=name, label=label, mixer=mixer, width=width, lr=float(lr),
+                        attn_ratio=str(cfg.model.attn_ratio), config=cfg))
+  return out
+
+
+def point_costs(config) -> dict:
+  """State size and token-mixing FLOPs per token of a point's model at its training length."""
+  model_cfg = ModelConfig.from_config(config.model)
+  L = config.data.seq_len
+  cache = abstract_model(model_cfg).cache_bytes(L)
+  costs = efficiency.model_costs(model_cfg, L)
+  return dict(params=costs["params"], state_bytes=cache["linear"], kv_cache_bytes=cache["attention"],
+              mixing_flops=costs["mixing_flops"])
+
+
+def run_point(point: dict, workdir: str) -> dict:
+  """Trains one point (resuming if interrupted) unless its result.json exists; returns the result."""
+  from lineax_lm.train.trainer import train_and_evaluate
+  pdir = os.path.join(workdir, "points", point["name"])
+  path = os.path.join(pdir, "result.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  start = time.time()
+  summary = train_and_evaluate(point["config"], pdir)
+  result = {k: point[k] for k in ("name", "label", "mixer", "width", "lr", "attn_ratio")}
+  result.update(accuracy=summary.get("eval_accuracy"), eval_loss=summary.get("eval_loss"),
+                train_loss=summary.get("loss"), steps=summary.get("step"),
+                seconds=round(time.time() - start, 1), **point_costs(point["config"]))
+  if summary.get("stopped_by"):
+    return result            # interrupted: no result.json, the rerun resumes it
+  os.makedirs(pdir, exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+def best_over_lr(results: list[dict]) -> list[dict]:
+  """Zoology's protocol: per (label, width), the point of highest accuracy over learning rates."""
+  best: dict = {}
+  for r in results:
+    key = (r["label"], r["width"])
+    if r["accuracy"] is not None and (key not in best or r["accuracy"] > best[key]["accuracy"]):
+      best[key] = r
+  return list(best.values())
+
+
+COLUMNS = ("label", "mixer", "attn_ratio", "width", "lr", "accuracy", "eval_loss", "steps",
+           "params", "state_bytes", "kv_cache_bytes", "mixing_flops", "seconds")
+
+
+def write_results(results: list[dict], workdir: str) -> str:
+  """Tables and plots of the finished points; returns the markdown of the best-over-lr table."""
+  if not results:
+    return "(no finished points)"
+  report.write_rows(results, os.path.join(workdir, "results"), COLUMNS, "MQAR sweep: every point")
+  best = best_over_lr(results)
+  cols = ("label", "width", "accuracy", "lr", "state_bytes", "mixing_flops", "params")
+  md = report.write_rows(best, os.path.join(workdir, "best"), cols,
+                         "MQAR sweep: best accuracy over learning rates",
+                         formats={"accuracy": "{:.3f}", "lr": "{:g}"})
+  report.line_plot(best, x="width", y="accuracy", group="label",
+                   path=os.path.join(workdir, "accuracy_vs_width.png"),
+                   title="MQAR accuracy (best over lr)", logx=True, ylim=(0, 1.02))
+  report.pareto_plot([dict(r, point=f"{r['label']} w{r['width']}") for r in best], x="mixing_flops",
+                     y="accuracy", label="point", path=os.path.join(workdir, "pareto.png"),
+                     title="MQAR accuracy vs token-mixing FLOPs per token")
+  return md
+
+
+def run_sweep(sweep, workdir: str, progress: bool = True) -> list[dict]:
+  """Runs every point not yet finished, then writes the results; returns the results of all points."""
+  from tqdm import tqdm
+  grid = points(sweep)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "sweep_config.json"), "w") as f:
+    json.dump(sweep.to_dict(), f, indent=1, default=str)
+  results = []
+  bar = tqdm(grid, unit="point", disable=not progress, dynamic_ncols=True)
+  for point in bar:
+    bar.set_description(point["name"])
+    result = run_point(point, workdir)
+    results.append(result)
+    bar.set_postfix(acc=f"{result['accuracy']:.3f}" if result["accuracy"] is not None else "-")
+    write_results([r for r in results if r["accuracy"] is not None], workdir)
+  return results
+
+
+def main(argv):
+  del argv
+  from absl import flags
+  from absl import logging as absl_logging
+  FLAGS = flags.FLAGS
+  absl_logging.set_verbosity(absl_logging.WARNING)       # orbax logs every save at INFO
+  results = run_sweep(FLAGS.config, FLAGS.workdir)
+  print(write_results(results, FLAGS.workdir))
+  print(f"tables and plots in {FLAGS.workdir}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+  config_flags.DEFINE_config_file("config", None, "Sweep config file (configs/mqar_sweep.py).")
+  flags.DEFINE_string("workdir", None, "Sweep directory (one subfolder per point).")
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
