@@ -54,7 +54,7 @@ def _ints(s: str) -> list[int]:
 
 
 def run(args) -> dict:
-  """Runs the evaluations of parsed `args`; returns {section title: markdown}."""
+  """Runs the evaluations of parsed `args`; returns {task: markdown section}."""
   from lineax_lm.eval import efficiency, language, mqar, ruler
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint, load_config
   from lineax_lm.data.text import resolve_paths
@@ -92,7 +92,7 @@ def run(args) -> dict:
     if rows:
       report.line_plot(rows, x="num_kv_pairs", y="accuracy", group="seq_len",
                        path=os.path.join(out, "mqar.png"), title=f"MQAR: {title}", ylim=(0, 1.02))
-    sections["MQAR accuracy (rows: sequence length)"] = mqar.format_grid(rows)
+    sections["mqar"] = f"## MQAR accuracy: {title} (rows: length)\n\n{mqar.format_grid(rows)}\n"
 
   if recall_tasks:
     if tokenizer is None or tokenizer.vocab_size > model.config.vocab_size:
@@ -106,8 +106,8 @@ def run(args) -> dict:
     report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
     report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
                      title=f"Recall accuracy ({args.mode}): {title}", logx=True, ylim=(0, 1.02))
-    sections[f"Recall accuracy, {args.mode} (rows: task)"] = report.pivot_table(
-        rows, row="task", col="length", value="accuracy")
+    table = report.pivot_table(rows, row="task", col="length", value="accuracy")
+    sections["recall"] = f"## Recall accuracy ({args.mode}): {title}\n\n{table}\n"
 
   if "ppl" in tasks:
     data = config.data.copy_and_resolve_references()
@@ -121,13 +121,13 @@ def run(args) -> dict:
     docs = language.heldout_documents(data, max_documents=args.ppl_documents)
     res = language.perplexity(model, tokenizer, docs, max_len=args.max_len or config.data.seq_len,
                               batch_size=args.batch_size)
-    sections["Language metrics (held-out)"] = report.write_rows(
+    sections["ppl"] = report.write_rows(
         [res], os.path.join(out, "ppl"), title=f"Held-out language metrics: {title}")
 
   if "efficiency" in tasks:
     rows = efficiency.efficiency_rows({title: model}, _ints(args.efficiency_lengths),
                                       measure=True, batch=2, seq_len=min(512, config.data.seq_len))
-    sections["Efficiency"] = report.write_rows(rows, os.path.join(out, "efficiency"),
+    sections["efficiency"] = report.write_rows(rows, os.path.join(out, "efficiency"),
                                                title=f"Efficiency: {title}")
     quality = _quality(out)
     if quality is not None:
@@ -145,16 +145,17 @@ def _quality(out: str):
     if os.path.exists(path):
       with open(path) as f:
         rows = json.load(f)
-      if rows:
-        return sum(r["accuracy"] for r in rows) / len(rows)
+      accs = [r["accuracy"] for r in rows if r["accuracy"] is not None]
+      if accs:
+        return sum(accs) / len(accs)
   return None
 
 
 def main(argv=None):
   args = parse_args(argv)
   sections = run(args)
-  for title, md in sections.items():
-    print(f"\n## {title}\n\n{md.strip()}\n")
+  for md in sections.values():
+    print(f"\n{md.strip()}\n")
   print(f"tables and plots in {args.out or os.path.join(args.workdir, 'eval')}")
 
 

@@ -118,6 +118,7 @@ def pareto_plot(rows: Sequence[dict], *, x: str, y: str, label: str, path: str, 
     ax.legend(fontsize=8)
   if logx:
     ax.set_xscale("log")
+  ax.margins(x=0.2, y=0.1)                      # room for the labels
   ax.set_xlabel(x)
   ax.set_ylabel(y)
   ax.set_title(title)

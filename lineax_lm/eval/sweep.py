@@ -6,6 +6,7 @@ trained by `lineax_lm.train.trainer.train_and_evaluate` in its own workdir, then
 A sweep config (see configs/mqar_sweep.py) holds
   base     a training config (lineax_lm.train.config.base_config() with MQAR data)
   mixers   {label: {"mixer": name, model overrides (attn_ratio, num_layers, ...), "mixer_cfg": {...}}}
+  ratios   optional attention ratios ("pure", "3:1", ...) crossed with every mixer entry
   widths   model widths (hidden); heads   linear-mixer heads
   lrs      peak learning rates
   equal_state  give every matrix-state mixer H heads of key and value dim width / H (state
@@ -52,11 +53,21 @@ def equal_state_mixer_cfg(mixer: str, width: int, heads: int) -> dict:
   return {}  # hgrn: an elementwise state of width D
 
 
+def mixer_specs(sweep) -> list[tuple[str, dict]]:
+  """(label, spec) pairs: the `mixers` entries, crossed with `ratios` when the sweep has them (label
+  "<label>_<ratio>", attn_ratio overridden)."""
+  specs = [(label, dict(spec.to_dict() if hasattr(spec, "to_dict") else spec))
+           for label, spec in sweep.mixers.items()]
+  ratios = sweep.get("ratios")
+  if not ratios:
+    return specs
+  return [(f"{label}_{r}", {**spec, "attn_ratio": r}) for label, spec in specs for r in ratios]
+
+
 def points(sweep) -> list[dict]:
-  """The grid: one dict per (mixer label, width, lr) with the full training config."""
+  """The grid: one dict per (mixer label [x ratio], width, lr) with the full training config."""
   out = []
-  for label, spec in sweep.mixers.items():
-    spec = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
+  for label, spec in mixer_specs(sweep):
     mixer = spec.pop("mixer")
     extra_cfg = dict(spec.pop("mixer_cfg", {}))
     for width in sweep.widths:

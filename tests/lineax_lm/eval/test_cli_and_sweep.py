@@ -75,3 +75,17 @@ def test_flop_formulas_and_costs():
   assert by["gla", 4096]["cache_MiB"] == by["gla", 1024]["cache_MiB"]           # constant state
   assert by["gla_3:1", 4096]["cache_MiB"] > by["gla_3:1", 1024]["cache_MiB"]    # KV cache grows
   assert report.pareto_front([(1, 0.5), (2, 0.4), (3, 0.9), (3, 0.7)]) == [(1, 0.5), (3, 0.9)]
+
+
+def test_sweep_grid_crosses_mixers_ratios_widths_lrs():
+  s = tiny_sweep()
+  s.ratios, s.widths, s.lrs = ["pure", "1:1"], [16, 32], [1e-3, 3e-3]
+  grid = sweep.points(s)
+  assert len(grid) == 2 * 2 * 2 * 2
+  p = next(g for g in grid if g["name"] == "gated_deltanet_1-1_w32_lr0.001")
+  assert p["config"].model.attn_ratio == "1:1" and p["config"].model.hidden == 32
+  assert dict(p["config"].model.mixer_cfg) == dict(num_heads=2, head_dim=16, expand_v=1.0, use_short_conv=True)
+  assert p["config"].train.lr == 1e-3 and grid[1]["config"].train.lr == 3e-3
+  assert s.base.model.hidden == 128 and "attn_ratio" not in s.mixers["gated_deltanet"]   # copies
+  assert sweep.best_over_lr([dict(label="a", width=1, accuracy=0.5, lr=1), dict(label="a", width=1,
+                                                                             accuracy=0.7, lr=2)])[0]["lr"] == 2

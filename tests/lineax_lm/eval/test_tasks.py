@@ -79,3 +79,19 @@ def test_mqar_oracle_scores_100_percent_through_the_scoring_code():
   # The scoring is not vacuous: an oracle that copies the wrong token scores ~0.
   shifted = lambda t: oracle(t)[..., ::-1]
   assert mqar.mqar_accuracy(shifted, vocab_size=128, seq_len=64, num_kv_pairs=8, num_examples=16) < 0.1
+
+
+def test_heldout_split_is_deterministic_and_reads_the_data_stack(tmp_path):
+  from lineax_lm.data.pipeline import default_data_config
+  from lineax_lm.eval import language
+  idx = language.heldout_indices(1000, 0.1)
+  assert 60 < len(idx) < 140 and idx == language.heldout_indices(1000, 0.1)
+  assert language.heldout_indices(500, 0.1) == [i for i in idx if i < 500]   # prefix-stable
+  path = tmp_path / "held.txt"
+  path.write_text("first doc\n\nsecond doc\nthird\n")
+  cfg = default_data_config()
+  cfg.update(dict(source="text", paths=str(path), text_unit="line"))
+  assert language.heldout_documents(cfg) == ["first doc", "second doc", "third"]
+  cfg.source = "mqar"
+  with pytest.raises(ValueError, match="text source"):
+    language.heldout_documents(cfg)
