@@ -247,21 +247,65 @@ class SwiGLU(nnx.Module):
 
 
 # -------------------------------------------------------------------------------------- op calls
+BATCH_AXES, HEAD_AXIS = ("data", "fsdp"), "tensor"  # the training mesh's axes (lineax_lm.train.sharding)
+
+
+def cu_seqlens_from_starts(starts, n: int):
+  """starts: bool [T] (True where a sequence begins; starts[0] True) -> int32 [n + 1] offsets, padded
+  with T (empty sequences) when there are fewer than n sequences."""
+  T = starts.shape[0]
+  offsets = jnp.nonzero(starts, size=n, fill_value=T)[0]
+  return jnp.concatenate([offsets, jnp.array([T])]).astype(jnp.int32)
+
+
 def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = False, packing=None,
            **kwargs):
   """Calls a pallas_kernels op on time-major args ([B, L, ...] arrays).
 
   Training (state None): the chunk op, no final state. Prefill (state given): the chunk op from
   `state`, returning the final state. Decode (`decode` True): the fused_recurrent op from `state`.
-  Packed rows: the batch is flattened to one row of B * L tokens with `packing.cu_seqlens`, so the
-  state resets at every sequence boundary. Returns (o [B, L, ...], final state or None).
+  Packed rows: the batch is flattened to one row of B * L tokens with cu_seqlens derived from
+  `packing.reset_ids`, so the state resets at every sequence boundary. Array keyword arguments are
+  per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
+
+  Under a mesh with the training axes, the op runs inside `jax.shard_map` over the batch
+  (data, fsdp) and head (tensor) axes, as Pallas kernels need: each device runs the kernel on its
+  own rows and heads. Axes that do not divide an array's size stay replicated.
   """
-  fn = recurrent_fn if decode else chunk_fn
-  if packing is None:
-    return fn(*args, initial_state=state, output_final_state=state is not None, **kwargs)
-  if state is not None:
+  if packing is not None and state is not None:
     raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
-  B, L = args[0].shape[:2]
-  flat = [a.reshape(1, B * L, *a.shape[2:]) for a in args]
-  o, _ = fn(*flat, cu_seqlens=packing.cu_seqlens, **kwargs)
-  return o.reshape(B, L, *o.shape[2:]), None
+  fn = recurrent_fn if decode else chunk_fn
+  arrays = {n: v for n, v in kwargs.items() if isinstance(v, jax.Array)}
+  static = {n: v for n, v in kwargs.items() if n not in arrays}
+  n_seq = None if packing is None else packing.cu_seqlens.shape[0] - 1
+
+  def call(args, state, arrays, reset_ids, n_seq):
+    if reset_ids is None:
+      return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static)
+    B, L = args[0].shape[:2]
+    flat_ids = reset_ids.reshape(-1)
+    starts = jnp.concatenate([jnp.ones((1,), bool), flat_ids[1:] != flat_ids[:-1]])
+    flat = [a.reshape(1, B * L, *a.shape[2:]) for a in args]
+    o, _ = fn(*flat, cu_seqlens=cu_seqlens_from_starts(starts, n_seq), **arrays, **static)
+    return o.reshape(B, L, *o.shape[2:]), None
+
+  reset_ids = None if packing is None else packing.reset_ids
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
+    return call(args, state, arrays, reset_ids, n_seq)
+
+  B = args[0].shape[0]
+  batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
+  shards = math.prod(mesh.shape[a] for a in batch)
+  batch = batch if batch and B % shards == 0 and (n_seq is None or n_seq % shards == 0) else None
+  heads_dim = args[0].shape[2] if args[0].ndim >= 3 else args[0].shape[-1]
+  head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and heads_dim % mesh.shape[HEAD_AXIS] == 0 else None
+  P = jax.sharding.PartitionSpec
+  timed = P(batch, None, head)  # [B, L, H, ...] (HGRN: [B, L, D], D split like heads)
+  per_seq = P(batch, head)      # every state array [B, H, ...] (HGRN: [B, D])
+  specs_in = (tuple(timed for _ in args), None if state is None else per_seq,
+              {n: P(head) for n in arrays}, None if reset_ids is None else P(batch))
+  local_n = None if n_seq is None else n_seq // (shards if batch else 1)
+  sharded = jax.shard_map(lambda a, s, kw, r: call(a, s, kw, r, local_n), mesh=mesh, in_specs=specs_in,
+                          out_specs=(timed, None if state is None else per_seq), check_vma=False)
+  return sharded(args, state, arrays, reset_ids)

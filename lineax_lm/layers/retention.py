@@ -1,7 +1,8 @@
 """Multi-scale retention (RetNet, Sun et al. 2023) as fla's `MultiScaleRetention` layer.
 
 q/k/v projections (key dim D, value dim 2D), RoPE on q and k, fixed per-head decays
-gamma_h = 1 - 2^(-5-h) (inside the op), S = gamma S + k v^T, per-head RMSNorm with a swish output
+gamma_h = 1 - 2^(-5-h) (passed to simple GLA as g_gamma, so head-sharded calls keep each
+head's own decay), S = gamma S + k v^T, per-head RMSNorm with a swish output
 gate, output projection.
 """
 from __future__ import annotations
@@ -10,7 +11,8 @@ import dataclasses
 
 from flax import nnx
 
-from pallas_kernels.retention import chunk_retention, fused_recurrent_retention
+from pallas_kernels.retention import retention_log_decay
+from pallas_kernels.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
 
 from lineax_lm.layers.base import LinearMixer, ctx_or_default
 from lineax_lm.layers.common import Context, Dims, MixerConfig, rope, run_op
@@ -40,7 +42,7 @@ class MultiScaleRetention(LinearMixer):
     ctx = ctx_or_default(x, ctx)
     q, k, v, conv = self.qkv(x, cache, ctx)
     q, k = rope(q, ctx.positions, cfg.rope_theta), rope(k, ctx.positions, cfg.rope_theta)
-    o, state = run_op(chunk_retention, fused_recurrent_retention, (q, k, v),
-                      state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx.packing, backend=cfg.backend)
+    o, state = run_op(chunk_simple_gla, fused_recurrent_simple_gla, (q, k, v),
+                      g_gamma=retention_log_decay(cfg.num_heads), state=self.state_of(cache),
+                      decode=self.decoding(x, cache), packing=ctx.packing, backend=cfg.backend)
     return self.output(o, x), self.new_cache(cache, state, conv)

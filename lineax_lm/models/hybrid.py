@@ -28,7 +28,7 @@ from jax import lax
 
 from lineax_lm.layers import (Context, Dims, Packing, RMSNorm, SwiGLU, build_mixer, mixer_config,
                               mlp_width)
-from lineax_lm.layers.common import INIT_STD, param
+from lineax_lm.layers.common import INIT_STD, cu_seqlens_from_starts, param
 
 REMAT_POLICIES = {
     "none": None,
@@ -149,8 +149,7 @@ def make_packing(segment_ids, max_segments: int):
   starts = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
   flat = starts.reshape(-1)
   count = jnp.sum(flat, dtype=jnp.int32)
-  offsets = jnp.nonzero(flat, size=n, fill_value=B * L)[0]
-  cu_seqlens = jnp.concatenate([offsets, jnp.array([B * L])]).astype(jnp.int32)
+  cu_seqlens = cu_seqlens_from_starts(flat, n)
   reset_ids = (jnp.cumsum(flat, dtype=jnp.int32) - 1).reshape(B, L)
   t = jnp.arange(L, dtype=jnp.int32)
   positions = t - lax.cummax(jnp.where(starts, t, 0), axis=1)

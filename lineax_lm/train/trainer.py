@@ -10,11 +10,13 @@ exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import signal
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,7 @@ import optax
 from flax import nnx
 
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
-from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
 from lineax_lm.train import checkpoint, metrics as metrics_lib, optim, sharding
 
 log = logging.getLogger("lineax_lm")
@@ -62,6 +64,38 @@ def validate_config(config, mesh) -> ModelConfig:
   return model_cfg
 
 
+# ------------------------------------------------------------------------------ objectives
+@dataclasses.dataclass
+class Objective:
+  """What the loop optimises when it is not next-token cross-entropy on `config.data` (used by
+  lineax_lm.distill's stages). Every field is optional; the default Objective() is plain training.
+
+  loss: (model, batch, extra) -> (loss_sum, (correct_sum, count)): token sums, as `Trainer._sums`.
+  extra: a pytree of arrays every loss call receives (a frozen teacher's parameters), placed by the
+    caller; it is an argument of the jitted steps, never part of the saved state.
+  init_params: () -> the nnx.Param state to start from instead of a random init (a fresh run only).
+  trainable: (path: tuple of str / int) -> bool; other parameters are frozen (no update, no decay).
+  dataset: replaces `make_dataset` (same signature), e.g. chat data with assistant-only loss masks.
+  """
+  loss: Callable | None = None
+  extra: Any = None
+  init_params: Callable | None = None
+  trainable: Callable | None = None
+  dataset: Callable | None = None
+
+
+def _freeze(tx, params, trainable):
+  """`tx` with zero gradients and zero updates (weight decay included) on the parameters
+  `trainable(path)` rejects. Their Adam moments stay allocated (at zero): that keeps the optimizer
+  state one tree, which the sharding and checkpoint code maps leaf by leaf."""
+  def frozen(path, _):
+    names = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path if not (
+        isinstance(k, jax.tree_util.GetAttrKey) and k.name == "value"))
+    return not trainable(names)
+  zero = optax.masked(optax.set_to_zero(), jax.tree_util.tree_map_with_path(frozen, params))
+  return optax.chain(zero, tx, zero)
+
+
 # ------------------------------------------------------------------------------ state and steps
 @dataclasses.dataclass
 class Trainer:
@@ -69,14 +103,16 @@ class Trainer:
   config: object
   model_cfg: ModelConfig
   mesh: jax.sharding.Mesh
+  objective: Objective = dataclasses.field(default_factory=Objective)
 
   def __post_init__(self):
     self.tx = optim.make_optimizer(self.config.train)
     self.schedule = optim.learning_rate_schedule(self.config.train)
-    abstract_model = nnx.eval_shape(lambda: HybridLM(self.model_cfg, nnx.Rngs(0)))
-    self.graphdef, abstract_params, rest = nnx.split(abstract_model, nnx.Param, ...)
+    self.graphdef, abstract_params, rest = nnx.split(abstract_model(self.model_cfg), nnx.Param, ...)
     if jax.tree_util.tree_leaves(rest):
       raise NotImplementedError("the train step assumes a model whose only state is nnx.Param")
+    if self.objective.trainable is not None:
+      self.tx = _freeze(self.tx, abstract_params, self.objective.trainable)
     self.num_params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract_params))
     param_sh = sharding.state_shardings(abstract_params, self.mesh)
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -86,47 +122,50 @@ class Trainer:
     self.state_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
     self.init = jax.jit(self._init, out_shardings=self.state_sharding)
-    self.train_step = jax.jit(self._train_step, donate_argnums=0,
-                              out_shardings=(self.state_sharding, rep))
-    self.eval_step = jax.jit(self._eval_step, out_shardings=rep)
+    self.train_step = functools.partial(jax.jit(self._train_step, donate_argnums=0, out_shardings=(
+        self.state_sharding, rep)), extra=self.objective.extra)
+    self.eval_step = functools.partial(jax.jit(self._eval_step, out_shardings=rep),
+                                       extra=self.objective.extra)
 
   def abstract_state(self):
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         jax.eval_shape(self._init), self.state_sharding)
 
-  def _init(self):
-    model = HybridLM(self.model_cfg, nnx.Rngs(self.config.seed))
-    params = nnx.state(model, nnx.Param)
+  def _init(self, params=None):
+    if params is None:
+      params = nnx.state(HybridLM(self.model_cfg, nnx.Rngs(self.config.seed)), nnx.Param)
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
                 rng=jax.random.key_data(jax.random.key(self.config.seed)))
 
-  def _sums(self, params, batch):
+  def _sums(self, params, batch, extra=None):
     """Token-summed loss, correct-token count and loss-token count of one (micro-)batch."""
     model = nnx.merge(self.graphdef, params)
+    if self.objective.loss is not None:
+      return self.objective.loss(model, batch, extra)
     logits = model(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
     mask = batch["loss_mask"].astype(F32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
     correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(F32)
     return jnp.sum(ce * mask), (jnp.sum(correct * mask), jnp.sum(mask))
 
-  def _grads(self, params, batch):
+  def _grads(self, params, batch, extra=None):
     accum = self.config.train.grad_accum
     grad_fn = jax.value_and_grad(self._sums, has_aux=True)
     if accum == 1:
-      (loss_sum, (correct, count)), grads = grad_fn(params, batch)
+      (loss_sum, (correct, count)), grads = grad_fn(params, batch, extra)
       return grads, loss_sum, correct, count
     micro = jax.tree_util.tree_map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
     def body(carry, mb):
-      (l, (c, n)), g = grad_fn(params, mb)
+      (l, (c, n)), g = grad_fn(params, mb, extra)
       return jax.tree_util.tree_map(jnp.add, carry, (g, l, c, n)), None
     zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), *(jnp.zeros((), F32),) * 3)
     (grads, loss_sum, correct, count), _ = jax.lax.scan(body, zeros, micro)
     return grads, loss_sum, correct, count
 
-  def _train_step(self, state, batch):
-    grads, loss_sum, correct, count = self._grads(state["params"], batch)
+  def _train_step(self, state, batch, extra=None):
+    grads, loss_sum, correct, count = self._grads(state["params"], batch, extra)
     n = jnp.maximum(count, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / n, grads)
     loss, grad_norm = loss_sum / n, optax.global_norm(grads)
@@ -138,8 +177,8 @@ class Trainer:
     return new, dict(loss=loss, grad_norm=grad_norm, accuracy=correct / n, lr=self.schedule(state["step"]),
                      ok=ok)
 
-  def _eval_step(self, params, batch):
-    loss_sum, (correct, count) = self._sums(params, batch)
+  def _eval_step(self, params, batch, extra=None):
+    loss_sum, (correct, count) = self._sums(params, batch, extra)
     return dict(loss_sum=loss_sum, correct=correct, count=count)
 
   def put_batch(self, batch: dict):
@@ -180,24 +219,28 @@ class _StopSignal:
       signal.signal(sig, handler)
 
 
-def eval_batches(config):
+def eval_batches(config, dataset=make_dataset):
   """The held-out batches of `config.eval` (a different seed from training), fixed for the run."""
   if not config.eval.steps:
     return []
-  it = make_dataset(config.data, seed=config.eval.seed, process_index=jax.process_index(),
+  it = dataset(config.data, seed=config.eval.seed, process_index=jax.process_index(),
                     process_count=jax.process_count())
   return [next(it) for _ in range(config.eval.steps)]
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics."""
+def train_and_evaluate(config, workdir: str, objective: Objective | None = None) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics.
+  `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
   os.makedirs(workdir, exist_ok=True)
   t = config.train
-  trainer = Trainer(config, model_cfg, mesh)  # outside set_mesh: eval_shape would read logical names as mesh axes
+  objective = objective or Objective()
+  dataset = objective.dataset or make_dataset
+  # outside set_mesh: eval_shape would read logical names as mesh axes
+  trainer = Trainer(config, model_cfg, mesh, objective)
   with jax.set_mesh(mesh):
-    data_iter = make_dataset(config.data, seed=config.seed, process_index=jax.process_index(),
+    data_iter = dataset(config.data, seed=config.seed, process_index=jax.process_index(),
                              process_count=jax.process_count())
     mngr = checkpoint.manager(workdir, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
     if mngr.latest_step() is not None:
@@ -205,11 +248,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                        step=t.restore_step if t.restore_step >= 0 else None)
       log.info("resumed from step %d in %s", step, workdir)
     else:
-      state = trainer.init()
+      state = trainer.init(None if objective.init_params is None else objective.init_params())
     step = int(state["step"])
     log.info("model: %s, %.1fM parameters, mesh %s", model_cfg.mixer, trainer.num_params / 1e6,
              dict(mesh.shape))
-    evals = eval_batches(config)
+    evals = eval_batches(config, dataset)
     writer = metrics_lib.MetricsWriter(workdir, t.steps, start_step=step)
     peak = metrics_lib.peak_flops_per_device()
     tokens_per_step = config.data.global_batch_size * config.data.seq_len

@@ -3,6 +3,7 @@ Simple GLA with the fixed per-head decay gamma_h = 1 - 2 ** (-5 - h)."""
 from __future__ import annotations
 
 from pallas_kernels.common import api
+from pallas_kernels.retention.reference import retention_log_decay  # noqa: F401  (public: g_gamma of retention)
 
 _DOC = """Retention: linear attention with a fixed per-head decay{kind} (fla's `{fla}_retention`).
 
