@@ -1,12 +1,11 @@
 """Delta rule (DeltaNet): `chunk_delta_rule`, `fused_recurrent_delta_rule`.
 
 The gated delta rule with g = 0; the backends reuse `pallas_kernels.gated_delta_rule`'s code.
-`run_delta_rule` (validation and dispatch) is shared with KDA (`pallas_kernels.kda`).
+Validation and dispatch: `pallas_kernels.gated_delta_rule.run_delta_family`.
 """
 from __future__ import annotations
 
-from pallas_kernels.common import checks, dispatch
-from pallas_kernels.common.chunk import l2norm
+from pallas_kernels.gated_delta_rule import run_delta_family
 
 ARGS = """  beta: [B, T, H] write strengths (usually sigmoid outputs).
   scale: query scale, default K ** -0.5.
@@ -31,38 +30,18 @@ Args:
 """
 
 
-def run_delta_rule(family, kind, q, k, v, g, beta, scale, initial_state, output_final_state,
-                   cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret):
-  """Validates and dispatches a delta-rule op without a gate (g None) or with a per-channel gate
-  (g [B, T, H, K] log decays, KDA). The backend function gets (q, k, v, [g,] beta)."""
-  B, T, H, K, V = checks.check_qkv(q, k, v)
-  if g is not None:
-    checks.check_rank("g", g, 4, "[B, T, H, K]")
-    checks.check_shape("g", g, (B, T, H, K), "[B, T, H, K]")
-  checks.check_rank("beta", beta, 3, "[B, T, H]")
-  checks.check_shape("beta", beta, (B, T, H), "[B, T, H]")
-  N = checks.num_sequences(B, T, cu_seqlens)
-  checks.check_state("initial_state", initial_state, (N, H, K, V), "[N, H, K, V]")
-  if use_qk_l2norm_in_kernel:
-    q, k = l2norm(q), l2norm(k)
-  gates = (beta,) if g is None else (checks.log_decay("g", g), beta)
-  fn = dispatch.resolve(family, kind, backend, interpret)
-  o, S = fn(q, k, v, *gates, scale=K ** -0.5 if scale is None else scale,
-            initial_state=initial_state, cu_seqlens=cu_seqlens)
-  return o, S if output_final_state else None
-
-
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                      cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto", interpret=False):
-  return run_delta_rule("delta_rule", "chunk", q, k, v, None, beta, scale, initial_state,
-                        output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
+  return run_delta_family("delta_rule", "chunk", q, k, v, None, None, beta, scale, initial_state,
+                          output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
 
 
 def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
                                interpret=False):
-  return run_delta_rule("delta_rule", "fused_recurrent", q, k, v, None, beta, scale, initial_state,
-                        output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
+  return run_delta_family("delta_rule", "fused_recurrent", q, k, v, None, None, beta, scale,
+                          initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                          backend, interpret)
 
 
 chunk_delta_rule.__doc__ = _DOC.format(kind_doc=", chunked (training and prefill)",

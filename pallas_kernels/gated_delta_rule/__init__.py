@@ -1,7 +1,7 @@
 """Gated delta rule (Gated DeltaNet): `chunk_gated_delta_rule`, `fused_recurrent_gated_delta_rule`."""
 from __future__ import annotations
 
-from pallas_kernels.common import checks, dispatch
+from pallas_kernels.common import api
 from pallas_kernels.common.chunk import l2norm
 
 _DOC = """Gated delta rule{kind_doc}.
@@ -23,21 +23,23 @@ Returns:
 """
 
 
-def _run(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-         use_qk_l2norm_in_kernel, backend, interpret):
-  B, T, H, K, V = checks.check_qkv(q, k, v)
-  checks.check_shape("g", g, (B, T, H), "[B, T, H]")
-  checks.check_shape("beta", beta, (B, T, H), "[B, T, H]")
-  N = checks.num_sequences(B, T, cu_seqlens)
-  checks.check_state("initial_state", initial_state, (N, H, K, V), "[N, H, K, V]")
-  g = checks.log_decay("g", g)
+def run_delta_family(family, kind, q, k, v, g, g_layout, beta, scale, initial_state,
+                     output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret):
+  """The front door of the delta-rule ops (gated delta rule, delta rule, KDA): checks, optional q/k
+  L2 norm, dispatch. `g_layout` is None (no gate), "[B, T, H]" or "[B, T, H, K]"; the backend gets
+  (q, k, v, [g,] beta)."""
+  d = api.dims(q, k, v, cu_seqlens)
+  gates = () if g_layout is None else (api.log_decay_gate("g", g, d, g_layout),)
+  beta = api.gate("beta", beta, d, "[B, T, H]")
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
-  fn = dispatch.resolve("gated_delta_rule", kind, backend, interpret,
-                        supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(q, k, v, g))
-  o, S = fn(q, k, v, g, beta, scale=K ** -0.5 if scale is None else scale,
-            initial_state=initial_state, cu_seqlens=cu_seqlens)
-  return o, S if output_final_state else None
+  return api.run(family, kind, d, (q, k, v, *gates, beta), scale=scale, initial_state=initial_state,
+                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
+                 interpret=interpret)
+
+
+def _run(kind, *args):
+  return run_delta_family("gated_delta_rule", kind, *args[:4], "[B, T, H]", *args[4:])
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

@@ -1,11 +1,12 @@
 """Kimi Delta Attention (KDA): `chunk_kda`, `fused_recurrent_kda`.
 
 The gated delta rule with a per-channel decay; the backends reuse `pallas_kernels.gated_delta_rule`'s
-code, validation and dispatch are the delta rule's (`pallas_kernels.delta_rule.run_delta_rule`).
+code, validation and dispatch are `pallas_kernels.gated_delta_rule.run_delta_family`.
 """
 from __future__ import annotations
 
-from pallas_kernels.delta_rule import ARGS, run_delta_rule
+from pallas_kernels.delta_rule import ARGS
+from pallas_kernels.gated_delta_rule import run_delta_family
 
 _DOC = """Kimi Delta Attention{kind_doc}.
 
@@ -22,14 +23,15 @@ Args:
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto", interpret=False):
-  return run_delta_rule("kda", "chunk", q, k, v, g, beta, scale, initial_state, output_final_state,
-                        cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
+  return run_delta_family("kda", "chunk", q, k, v, g, "[B, T, H, K]", beta, scale, initial_state,
+                          output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                         cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto", interpret=False):
-  return run_delta_rule("kda", "fused_recurrent", q, k, v, g, beta, scale, initial_state,
-                        output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
+  return run_delta_family("kda", "fused_recurrent", q, k, v, g, "[B, T, H, K]", beta, scale,
+                          initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                          backend, interpret)
 
 
 chunk_kda.__doc__ = _DOC.format(kind_doc=", chunked (training and prefill)", name="chunk_kda") + ARGS
