@@ -1,5 +1,13 @@
-"""Linearization: distil a Transformer teacher into linear and hybrid students.
+"""Linearization: distil a Transformer teacher into linear and hybrid students (see README.md).
 
-Teacher loading lives in `lineax_lm.distill.checkpoints` (GGUF files and Hugging Face safetensors
-directories -> float32 numpy parameters with Hugging Face names, a LlamaConfig dict and a tokenizer).
+  checkpoints.py  teacher loading: GGUF files / HF safetensors dirs -> HF-named float32 params
+  teacher.py      the teacher as an all-attention HybridLM; a tiny random teacher (runlocal)
+  student.py      student configs and initialisation from the teacher (mapping table)
+  losses.py       the stage losses (layer / block alignment, end-to-end CE + KL)
+  data.py         teacher tokenizer for the data stack, text sampled from the teacher
+  chat.py         ChatML rendering and assistant-only masks for the SFT stage
+  config.py       the base distillation config (configs/distill/<mixer>.py override it)
+  pipeline.py     stages in order (resumable) and the evaluation
+  compare.py      several students with one budget, one table (launch/distill_h200.sh)
+  python -m lineax_lm.distill --config configs/distill/<mixer>.py[:hybrid,runlocal] --workdir DIR
 """

@@ -1,0 +1,12 @@
+"""SmolLM2-135M-Instruct -> GLA (gated linear attention) student (`:hybrid` keeps attention at 3, 7, ..., 27).
+
+    python -m lineax_lm.distill --config configs/distill/gla.py[:hybrid] --workdir runs/distill/gla
+    python -m lineax_lm.distill --config configs/distill/gla.py:runlocal --workdir /tmp/distill_gla
+Expected: runlocal ~1 min on CPU, every stage's loss falls; the full run and its figures:
+lineax_lm/distill/README.md and launch/distill_h200.sh.
+"""
+from lineax_lm.distill.config import distill_config
+
+
+def get_config(arg=None):
+  return distill_config("gla", arg)

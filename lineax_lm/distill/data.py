@@ -1,0 +1,116 @@
+"""Distillation data: the teacher's tokenizer for the data stack, and text sampled from the teacher.
+
+Any text source of lineax_lm.data works (`config.data.source` "text" / "jsonl" / "tfds" with the
+teacher's tokenizer). The default needs nothing downloaded: documents sampled from the teacher
+itself, generated once into `<workdir>/data/{train,heldout}.jsonl` ({"text": ...} per line) and
+reused by every stage and every later run (a file that exists is never regenerated).
+
+Trade-off of teacher samples: no download and no licence question, and the student sees exactly the
+distribution it is asked to imitate (stages 1-3 only ever compare it with the teacher); but it learns
+the teacher's own distribution, errors and blind spots included, never real text, and a perplexity
+measured on teacher samples flatters both models (held-out real text, `config.eval.text_paths`, is
+the fairer test). Diversity comes from sampling (temperature, top-p), from a different seed per
+batch, and from prompts: the document separator then an opener drawn from OPENERS.
+
+The data stack's tokenizer is the teacher's: its tokenizer.json is written to `<workdir>/data` with a
+tokenizer_config.json naming the document separator (SmolLM2: "<|endoftext|>") as bos, eos and
+pad, so packed documents are separated as in pretraining. A teacher without a tokenizer (the tiny
+runlocal teacher) uses the byte tokenizer.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+
+from lineax_lm.data.pipeline import make_tokenizer
+
+log = logging.getLogger("lineax_lm")
+OPENERS = ("The", "In", "A", "This", "It", "We", "When", "One", "How", "What", "Once", "There", "As",
+           "I", "If", "For", "My", "Today", "Many", "Question", "def", "#", "1", "Chapter", "Dear",
+           "Why", "After", "Scientists", "Here", "To")
+SEPARATORS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+def write_tokenizer(teacher_tokenizer, folder: str) -> str:
+  """The teacher's tokenizer as `<folder>/tokenizer.json` + tokenizer_config.json (bos = eos =
+  pad = the document separator: the first of SEPARATORS in the vocabulary, else the teacher's eos).
+  Returns the folder (a `config.data.tokenizer` value)."""
+  os.makedirs(folder, exist_ok=True)
+  hf = teacher_tokenizer.hf
+  sep = next((t for t in SEPARATORS if hf.token_to_id(t) is not None),
+             hf.id_to_token(teacher_tokenizer.eos_id))
+  hf.save(os.path.join(folder, "tokenizer.json"))
+  with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"bos_token": sep, "eos_token": sep, "pad_token": sep}, f)
+  return folder
+
+
+def sample_documents(teacher, tokenizer, *, num_docs: int, max_new_tokens: int, batch_size: int,
+                     temperature: float = 1.0, top_p: float | None = None, seed: int = 0,
+                     stop_ids=(), min_chars: int = 1) -> list[str]:
+  """`num_docs` texts sampled from `teacher` (HybridLM) after [separator, opener] prompts.
+
+  Each batch draws its openers and its sampling key from (seed, batch index). A text ends at the
+  first of `stop_ids` (and the tokenizer's bos / eos / pad) or after `max_new_tokens` tokens; texts
+  shorter than `min_chars` characters are dropped and replaced by the next batches."""
+  stops = np.array(sorted({tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, *stop_ids}))
+  openers = np.array([tokenizer.encode(w)[0] for w in OPENERS], np.int32)
+  docs, b = [], 0
+  while len(docs) < num_docs:
+    rng = np.random.default_rng((seed, b))
+    first = openers[rng.integers(0, len(openers), batch_size)]
+    prompt = np.stack([np.full(batch_size, tokenizer.bos_id, np.int32), first], axis=1)
+    out = np.asarray(teacher.generate(prompt, max_new_tokens, temperature=temperature, top_p=top_p,
+                                      rng=jax.random.key(rng.integers(2**31))))
+    for row in out[:, 1:]:
+      ends = np.flatnonzero(np.isin(row, stops))
+      text = tokenizer.decode(row[:ends[0] if len(ends) else len(row)].tolist())
+      if len(text) >= min_chars:
+        docs.append(text)
+    b += 1
+    if b > 4 * (num_docs // batch_size + 1) and len(docs) < num_docs // 2:
+      raise RuntimeError(f"the teacher's samples keep ending before {min_chars} characters; lower "
+                         "config.samples.min_chars or raise max_new_tokens")
+  return docs[:num_docs]
+
+
+def write_jsonl(path: str, texts) -> str:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for text in texts:
+      f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+  os.replace(tmp, path)  # a killed run never leaves a half-written file behind
+  return path
+
+
+def write_json(path: str, obj) -> str:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)
+  return path
+
+
+def ensure_teacher_samples(folder: str, teacher, data_config, samples, stop_ids=()) -> dict[str, str]:
+  """`<folder>/train.jsonl` and `<folder>/heldout.jsonl` sampled from the teacher (once; existing
+  files are reused). `samples`: the config section (num_docs, heldout_docs, max_new_tokens,
+  batch_size, temperature, top_p, seed, min_chars); `stop_ids`: more ids that end a text (the
+  teacher tokenizer's own bos / eos). Returns {"train": path, "heldout": path}."""
+  tokenizer = make_tokenizer(data_config)
+  paths = {}
+  for split, n, seed in (("train", samples.num_docs, samples.seed),
+                         ("heldout", samples.heldout_docs, samples.seed + 1_000_003)):
+    path = paths[split] = os.path.join(folder, f"{split}.jsonl")
+    if os.path.exists(path):
+      continue
+    log.info("sampling %d %s documents from the teacher into %s", n, split, path)
+    texts = sample_documents(teacher, tokenizer, num_docs=n, max_new_tokens=samples.max_new_tokens,
+                             batch_size=samples.batch_size, temperature=samples.temperature,
+                             top_p=samples.top_p, seed=seed, min_chars=samples.min_chars,
+                             stop_ids=stop_ids)
+    write_jsonl(path, texts)
+  return paths

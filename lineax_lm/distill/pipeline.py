@@ -1,0 +1,346 @@
+"""The distillation pipeline: teacher -> student init -> stages 1..3 (-> SFT) -> evaluation.
+
+    summary = distill(config, workdir)        # config: lineax_lm.distill.config.distill_config()
+
+Workdir layout (rerunning the same command resumes: a finished stage is skipped, an interrupted one
+continues from its last checkpoint, teacher samples are reused):
+  teacher/                  the runlocal teacher as a HF safetensors directory
+  data/                     tokenizer.json (+ tokenizer_config.json), train.jsonl, heldout.jsonl
+  1_layer/ 2_block/ 3_e2e/ 4_sft/   one training run each (lineax_lm.train: checkpoints/,
+                            metrics.jsonl, tensorboard/); a stage starts from the previous stage's
+                            final parameters (stage 1 from `init_student`)
+  eval.json                 the final evaluation
+
+Every stage is one `lineax_lm.train.trainer.train_and_evaluate` run with an `Objective`: the stage's
+loss (lineax_lm.distill.losses) with the teacher's parameters as `extra`, the parameters it trains,
+and its start. The evaluation compares teacher and student on the held-out teacher samples (and on
+`eval.text_paths`, real text, when given): perplexity, the teacher-recovery ratio
+teacher_ppl / student_ppl (1 = the student predicts as well as the teacher), and needle-in-a-haystack
+accuracy (lineax_lm.eval.ruler's NIAH tasks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+
+import jax
+import ml_collections
+from flax import nnx
+
+from lineax_lm.data.pipeline import make_dataset, make_tokenizer
+from lineax_lm.distill import chat, data as distill_data, losses
+from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
+from lineax_lm.distill.student import init_student, linear_layers, student_config
+from lineax_lm.distill.teacher import save_safetensors_dir, teacher_from_checkpoint, tiny_teacher
+from lineax_lm.models.hybrid import ModelConfig, abstract_model
+from lineax_lm.train import checkpoint, sharding
+from lineax_lm.train.config import base_config
+from lineax_lm.train.trainer import Objective, Trainer, train_and_evaluate
+
+log = logging.getLogger("lineax_lm")
+STAGES = ("layer", "block", "e2e", "sft")
+TRAINABLE = ("mixers", "linear_blocks", "all")
+
+
+class Interrupted(RuntimeError):
+  """A stage stopped early on SIGTERM / SIGINT (its state is saved; rerunning resumes it)."""
+
+
+@dataclasses.dataclass
+class Setup:
+  """What every stage shares."""
+  teacher: nnx.Module
+  teacher_cfg: ModelConfig
+  student_cfg: ModelConfig
+  data: ml_collections.ConfigDict       # the stages' data section (teacher samples by default)
+  heldout: str | None                   # held-out teacher samples (jsonl), None with other data
+  chat_system: str | None               # the SFT default system message (from the chat template)
+  mesh: jax.sharding.Mesh
+  folder: str                           # data folder: tokenizer, teacher samples, teacher_eval.json
+
+
+def stage_dir(workdir: str, stage: str) -> str:
+  return os.path.join(workdir, f"{STAGES.index(stage) + 1}_{stage}")
+
+
+# ----------------------------------------------------------------------------- setup
+def load_teacher_checkpoint(config, workdir: str):
+  """config.teacher -> TeacherCheckpoint (the tiny teacher is written as HF safetensors first)."""
+  if config.teacher.tiny:
+    path = os.path.join(workdir, "teacher")
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+      save_safetensors_dir(tiny_teacher(seed=config.seed), path)
+    return load_teacher(path)
+  return load_teacher(config.teacher.path or smollm2_gguf_path())
+
+
+def setup(config, workdir: str) -> Setup:
+  ckpt = load_teacher_checkpoint(config, workdir)
+  model_overrides = {k: v for k, v in config.model.to_dict().items() if v is not None}
+  teacher, teacher_cfg = teacher_from_checkpoint(ckpt, **model_overrides)
+  s = config.student
+  student_cfg = student_config(teacher_cfg, s.mixer, s.attn_ratio, s.mixer_cfg.to_dict(),
+                               attn_layers=s.attn_layers)
+  folder = config.samples.dir or os.path.join(workdir, "data")
+  data = ml_collections.ConfigDict(config.data.to_dict())
+  if not data.tokenizer:
+    if ckpt.tokenizer is None:
+      data.tokenizer = "byte"
+    else:
+      data.tokenizer = distill_data.write_tokenizer(ckpt.tokenizer, folder)
+  heldout = None
+  if not data.paths:
+    os.makedirs(folder, exist_ok=True)
+    stops = () if ckpt.tokenizer is None else (ckpt.tokenizer.bos_id, ckpt.tokenizer.eos_id)
+    paths = distill_data.ensure_teacher_samples(folder, teacher, data, config.samples, stops)
+    data.update(dict(source="jsonl", paths=paths["train"], text_field="text"))
+    heldout = paths["heldout"]
+  system = config.stages.sft.system
+  if system is None and ckpt.tokenizer is not None:
+    system = chat.chatml_system(ckpt.tokenizer.chat_template)
+  return Setup(teacher, teacher_cfg, student_cfg, data, heldout, system,
+               sharding.make_mesh(config.mesh), folder)
+
+
+# ----------------------------------------------------------------------------- stages
+def model_section(model_cfg: ModelConfig) -> ml_collections.ConfigDict:
+  d = dataclasses.asdict(model_cfg)
+  d["mixer_cfg"] = dict(model_cfg.mixer_cfg)
+  return ml_collections.ConfigDict(d)
+
+
+def stage_config(config, stage: str, st: Setup) -> ml_collections.ConfigDict:
+  """The lineax_lm.train config of one stage: the student model, the data, the shared train section
+  with the stage's steps / lr / warmup_steps."""
+  s = config.stages[stage]
+  c = base_config()
+  c.seed = config.seed
+  c.model = model_section(st.student_cfg)
+  c.data = ml_collections.ConfigDict(st.data.to_dict())
+  if stage == "sft":
+    c.data.update(dict(paths=s.paths, text_field=s.field, seq_len=s.seq_len))
+  c.train = ml_collections.ConfigDict(config.train.to_dict())
+  c.train.update(dict(steps=s.steps, lr=s.lr, warmup_steps=s.warmup_steps))
+  c.eval.steps = 0
+  c.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
+  return c
+
+
+def trainable_filter(kind: str, model_cfg: ModelConfig):
+  """"mixers": the linear layers' mixers; "linear_blocks": the linear layers' whole blocks;
+  "all": every parameter (None: nothing frozen)."""
+  if kind not in TRAINABLE:
+    raise ValueError(f"trainable: must be one of {TRAINABLE}; got {kind!r}")
+  if kind == "all":
+    return None
+  linear = set(linear_layers(model_cfg))
+  if kind == "mixers":
+    return lambda path: path[0] == "blocks" and path[1] in linear and path[2] == "mixer"
+  return lambda path: path[0] == "blocks" and path[1] in linear
+
+
+def objective(config, stage: str, st: Setup, teacher_params, init_params) -> Objective:
+  s = config.stages[stage]
+  trainable = trainable_filter(s.trainable, st.student_cfg)
+  if stage == "sft":
+    if not s.paths:
+      raise ValueError("config.stages.sft.paths: the SFT stage needs chat JSON lines (a 'messages' "
+                       "list per line); set them or config.stages.sft.steps=0")
+    return Objective(init_params=init_params, trainable=trainable,
+                     dataset=functools.partial(chat.chat_dataset, default_system=st.chat_system))
+  graphdef = nnx.graphdef(st.teacher)
+  if stage in ("layer", "block"):
+    layers = linear_layers(st.student_cfg)
+    if not layers:
+      raise ValueError(f"config.student: stage {stage!r} needs linear layers; this student is all "
+                       "attention")
+    loss = losses.make_loss(stage, graphdef, layers=layers, relative=s.relative)
+  else:
+    loss = losses.make_loss(stage, graphdef, ce_weight=s.ce_weight, kl_weight=s.kl_weight,
+                            temperature=s.temperature)
+  return Objective(loss=loss, extra=teacher_params, init_params=init_params, trainable=trainable)
+
+
+def stage_params(config, stage: str, st: Setup, workdir: str):
+  """A function () -> the final parameters that finished stage `stage` saved, restored with that
+  stage's optimizer layout. The abstract state is built now, outside any mesh context (nnx would
+  read the logical axis names as mesh axes inside one); the restore happens when called."""
+  cfg = stage_config(config, stage, st)
+  trainable = trainable_filter(config.stages[stage].trainable, st.student_cfg)
+  abstract = Trainer(cfg, st.student_cfg, st.mesh, Objective(trainable=trainable)).abstract_state()
+
+  def restore():
+    with jax.set_mesh(st.mesh):
+      mngr = checkpoint.manager(stage_dir(workdir, stage))
+      try:
+        return checkpoint.restore(mngr, abstract)[0]["params"]
+      finally:
+        mngr.close()
+  return restore
+
+
+def finished(config, stage: str, workdir: str) -> bool:
+  directory = os.path.join(stage_dir(workdir, stage), "checkpoints")
+  if not os.path.isdir(directory):
+    return False
+  mngr = checkpoint.manager(stage_dir(workdir, stage))
+  try:
+    return mngr.latest_step() == config.stages[stage].steps
+  finally:
+    mngr.close()
+
+
+def place(tree, mesh):
+  """Parameters on the mesh by their logical axes (as the trainer shards the student's)."""
+  return jax.device_put(tree, sharding.state_shardings(tree, mesh))
+
+
+def distill(config, workdir: str) -> dict:
+  """Runs the stages of `config` in order in `workdir`, then the evaluation; returns its summary."""
+  os.makedirs(workdir, exist_ok=True)
+  st = setup(config, workdir)
+  teacher_params = previous = None
+  trained = False
+  for stage in STAGES:
+    if config.stages[stage].steps <= 0:
+      continue
+    if finished(config, stage, workdir):
+      log.info("stage %s: finished earlier in %s, skipped", stage, stage_dir(workdir, stage))
+      previous = stage
+      continue
+    if teacher_params is None and stage != "sft":
+      teacher_params = place(nnx.state(st.teacher, nnx.Param), st.mesh)
+    if previous is None:
+      init = lambda: nnx.state(init_student(st.teacher, st.student_cfg, seed=config.student.seed,
+                                            conv_init=config.student.conv_init), nnx.Param)
+    else:
+      init = stage_params(config, previous, st, workdir)
+    log.info("stage %s: %d steps in %s", stage, config.stages[stage].steps, stage_dir(workdir, stage))
+    result = train_and_evaluate(stage_config(config, stage, st), stage_dir(workdir, stage),
+                                objective(config, stage, st, teacher_params, init))
+    if result.get("stopped_by"):
+      raise Interrupted(f"stage {stage} stopped by {result['stopped_by']} at step {result['step']} "
+                        f"(saved in {stage_dir(workdir, stage)}); rerun the same command to resume")
+    previous, trained = stage, True
+  if previous is None:
+    raise ValueError("config.stages: every stage has steps = 0; nothing to distil")
+  path, key = os.path.join(workdir, "eval.json"), eval_key(config, st)
+  if not trained and os.path.exists(path):  # nothing new since the last evaluation
+    with open(path, encoding="utf-8") as f:
+      summary = json.load(f)
+    if summary.get("eval_key") == key and summary.get("final_stage") == previous:
+      log.info("evaluation: unchanged since %s, reused", path)
+      return summary
+  student = nnx.merge(nnx.graphdef(abstract_model(st.student_cfg)),
+                      stage_params(config, previous, st, workdir)())
+  summary = evaluate(config, st, student)
+  summary.update(workdir=workdir, final_stage=previous, mixer=st.student_cfg.mixer,
+                 attn_ratio=st.student_cfg.attn_ratio, eval_key=key)
+  distill_data.write_json(path, summary)
+  return summary
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _eval_batches(data_cfg, seq_len: int, batch_size: int) -> list:
+  """One pass over a text source in packed rows of seq_len (the last partial batch dropped)."""
+  cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+  cfg.update(dict(seq_len=seq_len, global_batch_size=batch_size, num_epochs=1, shuffle=False))
+  return list(make_dataset(cfg, seed=0, process_index=jax.process_index(),
+                           process_count=jax.process_count()))
+
+
+def perplexity(config, st: Setup, model, data_cfg) -> float:
+  """exp(mean next-token CE) of `model` over one pass of `data_cfg` in packed rows of
+  eval.seq_len (documents never see each other): one compiled step per model."""
+  e = config.eval
+  batches = _eval_batches(data_cfg, e.seq_len, e.batch_size)
+  if not batches:
+    raise ValueError(f"eval: {data_cfg.paths!r} holds less than one batch of {e.batch_size} rows of "
+                     f"{e.seq_len} tokens; lower config.eval.batch_size or seq_len")
+  cfg = base_config()
+  cfg.model, cfg.data = model_section(model.config), data_cfg
+  cfg.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
+  trainer = Trainer(cfg, model.config, st.mesh)
+  with jax.set_mesh(st.mesh):
+    return math.exp(trainer.evaluate(place(nnx.state(model, nnx.Param), st.mesh), batches)["eval_loss"])
+
+
+def model_metrics(config, st: Setup, model) -> dict:
+  """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy}}."""
+  from lineax_lm.eval import ruler  # lazy: the evaluation package is not needed to train
+  e = config.eval
+  out = {}
+  for name, data_cfg in eval_sets(config, st).items():
+    out[f"ppl_{name}"] = perplexity(config, st, model, data_cfg)
+  if e.needle_examples:
+    rows = ruler.evaluate_tasks(model, make_tokenizer(st.data), e.needle_tasks,
+                                lengths=tuple(e.needle_lengths), num_examples=e.needle_examples,
+                                mode=e.needle_mode, batch_size=e.batch_size)
+    out["needle"] = {f"{r['task']}@{r['length']}": r["accuracy"] for r in rows}
+  return out
+
+
+def eval_sets(config, st: Setup) -> dict:
+  """The evaluation texts: held-out teacher samples (with the default data) and eval.text_paths."""
+  sets = {}
+  if st.heldout:
+    sets["teacher_samples"] = ml_collections.ConfigDict(dict(st.data.to_dict(), paths=st.heldout))
+  if config.eval.text_paths:
+    sets["text"] = ml_collections.ConfigDict(dict(st.data.to_dict(), source="text",
+                                                  paths=config.eval.text_paths, text_unit="file"))
+  return sets
+
+
+def eval_key(config, st: Setup) -> str:
+  """What an evaluation depends on besides the model: the eval section and the text sets."""
+  return json.dumps([config.eval.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st).items()}],
+                    sort_keys=True, default=str)
+
+
+def evaluate(config, st: Setup, student) -> dict:
+  """Teacher vs student: perplexities, recovery ratios (teacher_ppl / student_ppl), needle accuracy.
+  The teacher's numbers are cached in `<data folder>/teacher_eval.json` per evaluation setting, so
+  students that share the data folder (lineax_lm.distill.compare) evaluate the teacher once."""
+  key = eval_key(config, st)
+  cache_path = os.path.join(st.folder, "teacher_eval.json")
+  cache = {}
+  if os.path.exists(cache_path):
+    with open(cache_path, encoding="utf-8") as f:
+      cache = json.load(f)
+  if key not in cache:
+    cache[key] = model_metrics(config, st, st.teacher)
+    os.makedirs(st.folder, exist_ok=True)
+    distill_data.write_json(cache_path, cache)
+  teacher, mine = cache[key], model_metrics(config, st, student)
+  summary = {}
+  for name in mine:
+    if name.startswith("ppl_"):
+      summary[name] = {"teacher": teacher[name], "student": mine[name]}
+      summary["recovery_" + name[4:]] = teacher[name] / mine[name]
+  if "needle" in mine:
+    summary["needle"] = {"teacher": teacher["needle"], "student": mine["needle"]}
+  return summary
+
+
+def format_summary(summaries: dict) -> str:
+  """A table: one row per student (plus the teacher), perplexities, recovery, needle accuracy."""
+  first = next(iter(summaries.values()))
+  sets = [k[len("ppl_"):] for k in first if k.startswith("ppl_")]
+  needles = sorted(first.get("needle", {}).get("teacher", {}))
+  head = (["model"] + [f"ppl {s}" for s in sets] + [f"recovery {s}" for s in sets]
+          + [f"needle {n}" for n in needles])
+  fmt = lambda v: "-" if v is None else f"{v:.3f}"
+  rows = [["teacher"] + [fmt(first[f"ppl_{s}"]["teacher"]) for s in sets] + ["1.000"] * len(sets)
+          + [fmt(first["needle"]["teacher"][n]) for n in needles]]
+  for name, summ in summaries.items():
+    rows.append([name] + [fmt(summ[f"ppl_{s}"]["student"]) for s in sets]
+                + [fmt(summ[f"recovery_{s}"]) for s in sets]
+                + [fmt(summ["needle"]["student"][n]) for n in needles])
+  widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                   + [line(r) for r in rows])
