@@ -18,7 +18,6 @@ from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lineax_lm.data.mqar import MQARSource
 from lineax_lm.eval.scoring import as_scorer, masked_accuracy

@@ -19,6 +19,7 @@ function for model outputs and solver outputs alike.
 """
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections import Counter
@@ -185,8 +186,8 @@ def solve_fwe(prompt: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- registry
-TASKS = {name: (lambda name: lambda tok, L, seed, i, hay=None: recall.niah_example(name, tok, L, seed, i, hay))(name)
-         for name in recall.NIAH_TASKS}
+# name -> generator(tokenizer, length, seed, index, haystack) -> Example
+TASKS = {name: functools.partial(recall.niah_example, name) for name in recall.NIAH_TASKS}
 TASKS.update({"vt": vt_example, "cwe": cwe_example, "fwe": fwe_example})
 SOLVERS = {**{name: recall.solve_niah for name in recall.NIAH_TASKS},
            "vt": solve_vt, "cwe": solve_cwe, "fwe": solve_fwe}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -193,5 +193,3 @@ def string_match_all(prediction: str, answers: Sequence[str]) -> float:
   pred = prediction.lower()
   return sum(a.lower() in pred for a in answers) / len(answers)
 
-
-LogitsFn = Callable[[jax.Array], jax.Array]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import os
 import re
 import time
@@ -30,8 +29,6 @@ import ml_collections
 
 from lineax_lm.eval import efficiency, report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
-
-log = logging.getLogger("lineax_lm")
 
 KEY_VALUE_HEADS = ("gated_deltanet", "kda")                     # head_dim, expand_v
 EXPAND_KV = ("linear_attn", "retention", "simple_gla", "mamba2", "gla", "deltanet", "rwkv6")
