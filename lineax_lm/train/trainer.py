@@ -291,6 +291,8 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
                         stop.requested, step, workdir)
             summary["stopped_by"] = stop.requested
             break
+      if evals and "eval_accuracy" not in summary:  # a finished run restarted: report it anyway
+        summary.update(trainer.evaluate(state["params"], evals))
     finally:
       mngr.wait_until_finished()
       mngr.close()
