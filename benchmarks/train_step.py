@@ -78,13 +78,16 @@ def main():
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", default="none")
+  p.add_argument("--attn_impl", default="cudnn" if jax.default_backend() == "gpu" else None,
+                 help="jax.nn.dot_product_attention implementation of the attention layers")
   p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "train_step.json"))
   a = p.parse_args()
   print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
   rows = []
   for spec in a.presets.split(","):
     preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
-    overrides = dict(dtype=a.dtype, remat=a.remat, **({"attn_ratio": ratio} if ratio else {}))
+    overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
+                     **({"attn_ratio": ratio} if ratio else {}))
     rows.append(run(preset, a.batch, a.seq, a.steps, overrides) | {"preset": spec})
   with open(a.json, "w") as f:
     json.dump(rows, f, indent=1)

@@ -77,8 +77,8 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
   K, V = q.shape[-1], v.shape[-1]
   if g is not None and g.ndim == 4:
     return "per-channel gates [B, T, H, K] have no GPU kernel yet"
-  if max(K, V) > MAX_DIM:
-    return f"head dims K={K}, V={V} above {MAX_DIM}"
+  if K > MAX_DIM:
+    return f"key head dim K={K} above {MAX_DIM}"
   if q.dtype not in DTYPES:
     return f"dtype {q.dtype} (supported: bfloat16, float16, float32)"
   return None
@@ -460,6 +460,14 @@ def run_chunk(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, i
   reason = unsupported(q, k, v, g)
   if reason:
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
+  if v.shape[-1] > MAX_DIM:
+    # Value columns evolve independently (k, g and beta are shared), so a wide V runs as slices.
+    kw = dict(scale=scale, cu_seqlens=cu_seqlens, interpret=interpret, config=config)
+    cuts = list(range(MAX_DIM, v.shape[-1], MAX_DIM))
+    h0s = [None] * (len(cuts) + 1) if initial_state is None else jnp.split(initial_state, cuts, -1)
+    outs = [run_chunk(q, k, v_i, g, beta, initial_state=h_i, **kw)
+            for v_i, h_i in zip(jnp.split(v, cuts, -1), h0s)]
+    return jnp.concatenate([o for o, _ in outs], -1), jnp.concatenate([s_ for _, s_ in outs], -1)
   B, T, H, K = q.shape
   V, dt, C = v.shape[-1], q.dtype, CHUNK
   Kp, Vp = next_pow2(K), next_pow2(V)

@@ -33,9 +33,15 @@ def test_simple_gla_interpret():
   harness.check_op(SGLA, T=100, H=1, K=64, V=100, dtype="bfloat16", backend="gpu", interpret=True)
 
 
+def test_wide_values_run_as_column_slices(monkeypatch):
+  """V above the kernels' limit runs as independent value slices (fla's 340M GDN has V = 512)."""
+  monkeypatch.setattr(gdn_gpu, "MAX_DIM", 16)
+  harness.check_op(GDN, T=70, H=1, K=16, V=40, dtype="float32", backend="gpu", interpret=True)
+
+
 def test_unsupported_shapes_fall_back_or_raise():
   x = GDN.make_inputs(np.random.default_rng(0), 1, 8, 1, 300, 8)
-  assert "head dims" in gdn_gpu.unsupported(x["q"], x["k"], x["v"], x["g"])
+  assert "key head dim" in gdn_gpu.unsupported(x["q"], x["k"], x["v"], x["g"])
   assert gdn_gpu.unsupported(x["q"][..., :100], x["k"][..., :100], x["v"], x["g"]) is None
   with pytest.raises(ValueError, match="cannot run"):
     GDN.chunk(*x.values(), backend="gpu", interpret=True)
