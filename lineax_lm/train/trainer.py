@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
+from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
 from lineax_lm.train import checkpoint, metrics as metrics_lib, optim, sharding
 
 log = logging.getLogger("lineax_lm")
@@ -113,6 +113,7 @@ class Trainer:
       raise NotImplementedError("the train step assumes a model whose only state is nnx.Param")
     if self.objective.trainable is not None:
       self.tx = _freeze(self.tx, abstract_params, self.objective.trainable)
+    self.abstract_params = abstract_params
     self.num_params = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract_params))
     param_sh = sharding.state_shardings(abstract_params, self.mesh)
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -121,7 +122,7 @@ class Trainer:
     rep = sharding.replicated(self.mesh)
     self.state_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
     self.batch_sharding = sharding.batch_sharding(self.mesh)
-    self.init = jax.jit(self._init, out_shardings=self.state_sharding)
+    self._jit_init = jax.jit(self._init, out_shardings=self.state_sharding)
     self.train_step = functools.partial(jax.jit(self._train_step, donate_argnums=0, out_shardings=(
         self.state_sharding, rep)), extra=self.objective.extra)
     self.eval_step = functools.partial(jax.jit(self._eval_step, out_shardings=rep),
@@ -130,13 +131,18 @@ class Trainer:
   def abstract_state(self):
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        jax.eval_shape(self._init), self.state_sharding)
+        jax.eval_shape(self._init, np.uint32(0), self.abstract_params), self.state_sharding)
 
-  def _init(self, params=None):
+  def init(self, params=None):
+    """The step-0 state: `params` (default: a random init, one block at a time, see
+    models.hybrid.init_params), fresh optimizer state and the run's RNG key."""
     if params is None:
-      params = nnx.state(HybridLM(self.model_cfg, nnx.Rngs(self.config.seed)), nnx.Param)
+      params = init_params(self.model_cfg, self.config.seed, self.state_sharding["params"])
+    return self._jit_init(np.uint32(self.config.seed), params)
+
+  def _init(self, seed, params):
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                rng=jax.random.key_data(jax.random.key(self.config.seed)))
+                rng=jax.random.key_data(jax.random.key(seed)))
 
   def _sums(self, params, batch, extra=None):
     """Token-summed loss, correct-token count and loss-token count of one (micro-)batch."""
