@@ -25,6 +25,7 @@ import os
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from lineax_lm.data.pipeline import make_tokenizer
 
@@ -60,6 +61,7 @@ def sample_documents(teacher, tokenizer, *, num_docs: int, max_new_tokens: int, 
   stops = np.array(sorted({tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, *stop_ids}))
   openers = np.array([tokenizer.encode(w)[0] for w in OPENERS], np.int32)
   docs, b = [], 0
+  bar = tqdm(total=num_docs, unit="doc", desc="teacher samples", mininterval=5, dynamic_ncols=True)
   while len(docs) < num_docs:
     rng = np.random.default_rng((seed, b))
     first = openers[rng.integers(0, len(openers), batch_size)]
@@ -71,10 +73,12 @@ def sample_documents(teacher, tokenizer, *, num_docs: int, max_new_tokens: int, 
       text = tokenizer.decode(row[:ends[0] if len(ends) else len(row)].tolist())
       if len(text) >= min_chars:
         docs.append(text)
+        bar.update(1)
     b += 1
     if b > 4 * (num_docs // batch_size + 1) and len(docs) < num_docs // 2:
       raise RuntimeError(f"the teacher's samples keep ending before {min_chars} characters; lower "
                          "config.samples.min_chars or raise max_new_tokens")
+  bar.close()
   return docs[:num_docs]
 
 
