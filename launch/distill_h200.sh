@@ -22,14 +22,16 @@
 #   BATCH [16] SEQ_LEN [512] (tokens per step: 8,192)   DOCS [2048] teacher samples of <= 512 tokens
 #   (about 1M tokens, sampled SAMPLE_BATCH [256] at a time)   PACKING [concat] (none: one document
 #   per row, no varlen kernels)
-#   DTYPE [bfloat16] activations (parameters float32)   T_LIMIT [560] seconds before SIGTERM
+#   DTYPE [bfloat16] activations (parameters float32)   T_LIMIT [480] seconds before SIGTERM (the
+#     stage then saves; 30 s later it is killed: keep T_LIMIT + 60 s under the job's own time limit)
 #   TEXT [README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md] real held-out text
 #   RUNLOCAL [unset] set: the tiny random teacher instead (a dry run in a minute on a CPU host, with
-#     PATH=.venv/bin:$PATH DTYPE=float32)
+#     PATH=.venv/bin:$PATH DTYPE=float32 STEPS=10,8,8 DOCS=48 BATCH=8 SEQ_LEN=32)
 # Resumable: the run stops cleanly at T_LIMIT (the stage saves its state); rerunning the same command
 # skips finished stages, resumes the interrupted one, reuses the teacher samples, the teacher's
-# evaluation and (JAX_COMPILATION_CACHE_DIR in WORKDIR) the compiled programs. Results: the table on
-# stdout, $WORKDIR/compare.json, and with $OUT set a copy of the JSON and logs there.
+# evaluation and (JAX_COMPILATION_CACHE_DIR in WORKDIR) the compiled programs; WORKDIR must survive
+# between the runs (outside a checkout that is cleaned between jobs). Results: the table on stdout,
+# $WORKDIR/compare.json, and with $OUT set the log (written there as it grows), JSON and metrics.
 set -u
 WORKDIR=${WORKDIR:-runs/distill_h200}
 mkdir -p "$WORKDIR"
@@ -59,15 +61,17 @@ fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 
+logs=("$WORKDIR/compare.log")
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; logs+=("$OUT/compare.log"); fi
 start=$(date +%s)
-timeout -s TERM -k 60 "${T_LIMIT:-560}" python3 -m lineax_lm.distill.compare \
+timeout -s TERM -k 30 "${T_LIMIT:-480}" python3 -m lineax_lm.distill.compare \
   --workdir "$WORKDIR" --mixers "${MIXERS:-gated_deltanet,gla}" --teacher "${TEACHER_GGUF:-}" \
   --steps "${STEPS:-150,150,300}" --batch "${BATCH:-16}" --seq_len "${SEQ_LEN:-512}" \
   --docs "${DOCS:-2048}" --sample_batch "${SAMPLE_BATCH:-256}" --dtype "${DTYPE:-bfloat16}" \
   --packing "${PACKING:-concat}" \
   --text_paths "${TEXT:-README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md}" \
-  ${RUNLOCAL:+--runlocal} > "$WORKDIR/compare.log" 2>&1
-rc=$?
+  ${RUNLOCAL:+--runlocal} 2>&1 | tee "${logs[@]}" > /dev/null
+rc=${PIPESTATUS[0]}
 echo "compare rc=$rc after $(( $(date +%s) - start )) s"
 python3 - "$WORKDIR" <<'PY'
 import glob, json, os, sys
@@ -81,15 +85,8 @@ PY
 grep -E "^\||\(this invocation\)|Interrupted|Error" "$WORKDIR/compare.log" | tail -n 20
 grep -qE "^\|" "$WORKDIR/compare.log" || tail -n 30 "$WORKDIR/compare.log"
 [ "$rc" -ne 0 ] && echo "not finished (rc=$rc): rerun the same command to resume"
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  cp "$WORKDIR/compare.log" "$WORKDIR/compare.json" "$OUT/" 2>/dev/null
-  for d in "$WORKDIR"/*/; do
-    name=$(basename "$d")
-    [ -f "$d/eval.json" ] && cp "$d/eval.json" "$OUT/eval_$name.json"
-    for s in "$d"/[0-9]_*/; do
-      [ -f "$s/metrics.jsonl" ] && cp "$s/metrics.jsonl" "$OUT/metrics_${name}_$(basename "$s").jsonl"
-    done
-  done
+if [ -n "${OUT:-}" ]; then  # one archive: the results and every stage's metrics.jsonl
+  (cd "$WORKDIR" && tar czf "$OUT/distill_results.tgz" compare.json */eval.json data/teacher_eval.json \
+    */[0-9]_*/metrics.jsonl 2>/dev/null)
 fi
 exit $rc

@@ -135,8 +135,8 @@ class GroupNorm(nnx.Module):
 class Packing(NamedTuple):
   """Packed rows (several sequences per row), derived once per batch from `segment_ids`.
 
-  cu_seqlens: int32 [N + 1] offsets of the sequences in the batch flattened to one row of B * L
-    tokens (rows are always boundaries); padded with B * L up to a static N.
+  cu_seqlens: int32 [B, N + 1] offsets of the sequences within each row, padded with L (empty
+    sequences) up to a static N.
   reset_ids: int32 [B, L] index of the sequence each token belongs to (unique across the batch).
   """
   cu_seqlens: jax.Array
@@ -264,9 +264,10 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
 
   Training (state None): the chunk op, no final state. Prefill (state given): the chunk op from
   `state`, returning the final state. Decode (`decode` True): the fused_recurrent op from `state`.
-  Packed rows: the batch is flattened to one row of B * L tokens with cu_seqlens derived from
-  `packing.reset_ids`, so the state resets at every sequence boundary. Array keyword arguments are
-  per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
+  Packed rows: each row runs as a B == 1 op call with its own `packing.cu_seqlens` (vmapped over the
+  rows), so the state resets at every sequence boundary. Rows stay independent: flattening the batch
+  into one row would make the sequential pass over chunks B times longer. Array keyword arguments are per-head ([H, ...], e.g. RWKV-6's u). Returns
+  (o [B, L, ...], final state or None).
 
   Under a mesh with the training axes, the op runs inside `jax.shard_map` over the batch
   (data, fsdp) and head (tensor) axes, as Pallas kernels need: each device runs the kernel on its
@@ -277,35 +278,32 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   fn = recurrent_fn if decode else chunk_fn
   arrays = {n: v for n, v in kwargs.items() if isinstance(v, jax.Array)}
   static = {n: v for n, v in kwargs.items() if n not in arrays}
-  n_seq = None if packing is None else packing.cu_seqlens.shape[0] - 1
 
-  def call(args, state, arrays, reset_ids, n_seq):
-    if reset_ids is None:
+  def call(args, state, arrays, cu_seqlens):
+    if cu_seqlens is None:
       return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static)
-    B, L = args[0].shape[:2]
-    flat_ids = reset_ids.reshape(-1)
-    starts = jnp.concatenate([jnp.ones((1,), bool), flat_ids[1:] != flat_ids[:-1]])
-    flat = [a.reshape(1, B * L, *a.shape[2:]) for a in args]
-    o, _ = fn(*flat, cu_seqlens=cu_seqlens_from_starts(starts, n_seq), **arrays, **static)
-    return o.reshape(B, L, *o.shape[2:]), None
 
-  reset_ids = None if packing is None else packing.reset_ids
+    def row(row_args, row_cu):
+      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static)
+      return o[0]
+    return jax.vmap(row)(args, cu_seqlens), None
+
+  cu_seqlens = None if packing is None else packing.cu_seqlens
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
-    return call(args, state, arrays, reset_ids, n_seq)
+    return call(args, state, arrays, cu_seqlens)
 
   B = args[0].shape[0]
   batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
   shards = math.prod(mesh.shape[a] for a in batch)
-  batch = batch if batch and B % shards == 0 and (n_seq is None or n_seq % shards == 0) else None
+  batch = batch if batch and B % shards == 0 else None
   heads_dim = args[0].shape[2] if args[0].ndim >= 3 else args[0].shape[-1]
   head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and heads_dim % mesh.shape[HEAD_AXIS] == 0 else None
   P = jax.sharding.PartitionSpec
   timed = P(batch, None, head)  # [B, L, H, ...] (HGRN: [B, L, D], D split like heads)
   per_seq = P(batch, head)      # every state array [B, H, ...] (HGRN: [B, D])
   specs_in = (tuple(timed for _ in args), None if state is None else per_seq,
-              {n: P(head) for n in arrays}, None if reset_ids is None else P(batch))
-  local_n = None if n_seq is None else n_seq // (shards if batch else 1)
-  sharded = jax.shard_map(lambda a, s, kw, r: call(a, s, kw, r, local_n), mesh=mesh, in_specs=specs_in,
+              {n: P(head) for n in arrays}, None if cu_seqlens is None else P(batch))
+  sharded = jax.shard_map(call, mesh=mesh, in_specs=specs_in,
                           out_specs=(timed, None if state is None else per_seq), check_vma=False)
-  return sharded(args, state, arrays, reset_ids)
+  return sharded(args, state, arrays, cu_seqlens)

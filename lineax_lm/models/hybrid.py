@@ -10,8 +10,8 @@ at 3, 7, ..., 23); "pure" = no attention; "transformer" / "attention" = every la
 the model is exactly a Llama); `attn_layers` (explicit indices) overrides the ratio.
 
 Packed rows: `segment_ids` [B, L] (a change of id starts a new sequence) make the linear mixers
-reset their state at each boundary (the batch runs as one row with cu_seqlens of at most
-B * max_segments sequences; more than that under jit turns the logits into NaN: raise
+reset their state at each boundary (each row runs as one cu_seqlens sequence pack of at most
+max_segments sequences; more than that under jit turns the logits into NaN: raise
 `max_segments`), the short convolutions stop at boundaries, attention masks across them, and RoPE
 positions restart at 0 unless `positions` are given.
 """
@@ -136,24 +136,21 @@ def segment_ids_from_cu_seqlens(cu_seqlens, length: int):
 def make_packing(segment_ids, max_segments: int):
   """segment_ids [B, L] -> (Packing, positions within each sequence [B, L], overflow flag).
 
-  cu_seqlens has exactly the number of sequences + 1 entries when `segment_ids` is concrete, and
-  B * max_segments + 1 under jit (padded with B * L: empty sequences); `overflow` says that the
-  sequences did not fit."""
+  Each row's cu_seqlens has exactly the largest per-row number of sequences + 1 entries when
+  `segment_ids` is concrete, and max_segments + 1 under jit (padded with L: empty sequences);
+  `overflow` says that a row held more sequences than that."""
   B, L = segment_ids.shape
-  if isinstance(segment_ids, jax.core.Tracer):
-    n = B * max_segments
-  else:  # concrete: the exact number of sequences
-    s = np.asarray(segment_ids)
-    n = B + int(np.sum(s[:, 1:] != s[:, :-1]))
   seg = jnp.asarray(segment_ids)
   starts = jnp.concatenate([jnp.ones((B, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-  flat = starts.reshape(-1)
-  count = jnp.sum(flat, dtype=jnp.int32)
-  cu_seqlens = cu_seqlens_from_starts(flat, n)
-  reset_ids = (jnp.cumsum(flat, dtype=jnp.int32) - 1).reshape(B, L)
+  if isinstance(segment_ids, jax.core.Tracer):
+    n = max_segments
+  else:  # concrete: the exact number of sequences of the fullest row
+    n = int(np.max(np.sum(np.asarray(starts), axis=1)))
+  cu_seqlens = jax.vmap(lambda row: cu_seqlens_from_starts(row, n))(starts)
+  reset_ids = (jnp.cumsum(starts.reshape(-1), dtype=jnp.int32) - 1).reshape(B, L)
   t = jnp.arange(L, dtype=jnp.int32)
   positions = t - lax.cummax(jnp.where(starts, t, 0), axis=1)
-  return Packing(cu_seqlens, reset_ids), positions, count > n
+  return Packing(cu_seqlens, reset_ids), positions, jnp.any(jnp.sum(starts, axis=1) > n)
 
 
 class Block(nnx.Module):

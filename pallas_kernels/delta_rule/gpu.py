@@ -14,3 +14,11 @@ def chunk_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=Non
   """
   return _gdn.chunk_gated_delta_rule(q, k, v, None, beta, scale=scale, initial_state=initial_state,
                                      cu_seqlens=cu_seqlens, interpret=interpret, config=config)
+
+
+def fused_recurrent_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=None,
+                               interpret=False):
+  """Token by token (decode), on the gated delta rule's recurrent kernel with g = 0."""
+  return _gdn.fused_recurrent_gated_delta_rule(q, k, v, None, beta, scale=scale,
+                                               initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                               interpret=interpret)

@@ -37,11 +37,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common import varlen
+from pallas_kernels.common import gpu_recurrent, varlen
 from pallas_kernels.common.gpu_utils import (F32, Specs, at_last, chunk_cumsum, compiler_params,
                                              SUB, block_unit_lower_inverse, decay, dot, dot_nt,
                                              dot_tn, head_major, lower_mask, next_pow2, pad_axis,
                                              precision, scale_rows)
+from pallas_kernels.gated_delta_rule import reference
 
 CHUNK = 64
 MAX_DIM = 256
@@ -447,6 +448,14 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
   """
   return run_chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                    interpret=interpret, config=config)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None,
+                                     cu_seqlens=None, interpret=False):
+  """Token by token (decode): common/gpu_recurrent.py. Shapes as `chunk_gated_delta_rule`."""
+  return gpu_recurrent.fused_recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                       cu_seqlens=cu_seqlens, interpret=interpret,
+                                       reference=reference.fused_recurrent_gated_delta_rule)
 
 
 def run_chunk(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,

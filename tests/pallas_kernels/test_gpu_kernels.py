@@ -33,6 +33,42 @@ def test_simple_gla_interpret():
   harness.check_op(SGLA, T=100, H=1, K=64, V=100, dtype="bfloat16", backend="gpu", interpret=True)
 
 
+# (case, T, H, K, V, dtype, varlen) of the token-by-token (decode) kernel, common/gpu_recurrent.py
+RECURRENT_CASES = [
+    (GDN, 37, 2, 100, 48, "float32", False),
+    (GDN, 20, 1, 16, 40, "bfloat16", True),
+    (DELTA, 30, 1, 16, 16, "float32", False),
+    (SGLA, 25, 2, 32, 64, "bfloat16", True),
+]
+
+
+@pytest.mark.parametrize("case,T,H,K,V,dtype,varlen", RECURRENT_CASES, ids=lambda x: getattr(x, "name", None))
+def test_fused_recurrent_interpret(case, T, H, K, V, dtype, varlen):
+  harness.check_op(case, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
+                   interpret=True, varlen=varlen)
+
+
+def test_kernels_lower_to_triton():
+  """Every GPU kernel goes through Pallas' Triton lowering on CPU (jax.export for CUDA): catches
+  constructs the lowering rejects before a GPU run; PTX compilation happens only on a GPU."""
+  from jax import export
+  sd = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt)
+  B, T, H, K, V = 1, 128, 2, 64, 64
+  x = (sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V), sd(B, T, H, dt=jnp.float32),
+       sd(B, T, H, dt=jnp.float32))
+  cu = sd(3, dt=jnp.int32)
+  ops = {
+      "chunk fwd+bwd": (lambda q, k, v, g, b: jax.grad(lambda *a: jnp.sum(
+          GDN.chunk(*a, backend="gpu")[0].astype(jnp.float32)), argnums=(0, 1, 2, 3, 4))(q, k, v, g, b), x),
+      "recurrent": (lambda *a: GDN.fused_recurrent(*a, backend="gpu"), x),
+      "recurrent varlen": (lambda *a: GDN.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"), x + (cu,)),
+  }
+  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  for name, (f, args) in ops.items():
+    module = export.export(jax.jit(f), platforms=("cuda",), disabled_checks=checks)(*args).mlir_module()
+    assert "xla.gpu.triton" in module, name
+
+
 def test_wide_values_run_as_column_slices(monkeypatch):
   """V above the kernels' limit runs as independent value slices (fla's 340M GDN has V = 512)."""
   monkeypatch.setattr(gdn_gpu, "MAX_DIM", 16)
@@ -84,9 +120,37 @@ class TestOnGPU:
     harness.check_op(SGLA, T=4096, H=2, K=128, V=128, dtype="bfloat16", backend="gpu", B=1)
     harness.check_op(SGLA_G, T=300, H=2, K=64, V=32, dtype="bfloat16", backend="gpu", varlen=True)
 
+  @pytest.mark.parametrize("case,T,H,K,V,dtype,varlen", RECURRENT_CASES,
+                           ids=lambda x: getattr(x, "name", None))
+  def test_fused_recurrent(self, case, T, H, K, V, dtype, varlen):
+    harness.check_op(case, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
+                     varlen=varlen)
+
+  @pytest.mark.parametrize("case", [GDN, DELTA, SGLA], ids=lambda c: c.name)
+  def test_chunk_then_fused_recurrent_decode(self, case):
+    harness.check_decode_continuation(case, backend="gpu")
+
   def test_auto_picks_gpu(self):
     assert jax.default_backend() == "gpu"
     x = GDN.make_inputs(np.random.default_rng(0), 1, 64, 1, 16, 16)
     o_auto = GDN.chunk(*x.values())[0]
     o_gpu = GDN.chunk(*x.values(), backend="gpu")[0]
     assert jnp.array_equal(o_auto, o_gpu)
+
+
+def test_packed_rows_under_vmap():
+  """The layers run packed rows as a vmap of B == 1 calls with per-row cu_seqlens (the kernels gain
+  a grid axis): outputs and every gradient equal the float32 reference's."""
+  x = GDN.make_inputs(np.random.default_rng(1), 2, 80, 2, 16, 16)
+  cu = jnp.asarray([[0, 30, 80, 80], [0, 10, 75, 80]], jnp.int32)  # padded with an empty sequence
+
+  def loss(args, **backend):
+    def row(a, c):
+      return GDN.chunk(*(t[None] for t in a), cu_seqlens=c, **backend)[0][0]
+    return jnp.sum(jax.vmap(row)(args, cu) * x["v"])
+
+  args = tuple(x.values())
+  got = jax.value_and_grad(loss)(args, backend="gpu", interpret=True)
+  want = jax.value_and_grad(loss)(args, backend="reference")
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    assert harness.rel_rms(a, b) < 1e-5

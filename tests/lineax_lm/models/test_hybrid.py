@@ -39,12 +39,12 @@ def test_config_from_ml_collections():
 def test_make_packing():
   seg = jnp.asarray([[3, 3, 5, 5, 5], [1, 1, 1, 1, 2]])
   packing, positions, overflow = make_packing(seg, max_segments=4)
-  np.testing.assert_array_equal(packing.cu_seqlens, [0, 2, 5, 9, 10])
+  np.testing.assert_array_equal(packing.cu_seqlens, [[0, 2, 5], [0, 4, 5]])  # per row
   np.testing.assert_array_equal(positions, [[0, 1, 0, 1, 2], [0, 1, 2, 3, 0]])
   assert not bool(overflow)
   traced = jax.jit(lambda s: make_packing(s, 3))(seg)
-  np.testing.assert_array_equal(traced[0].cu_seqlens, [0, 2, 5, 9, 10, 10, 10])  # B * 3 + 1
-  assert bool(jax.jit(lambda s: make_packing(s, 1)[2])(seg))  # 3 sequences > B * 1
+  np.testing.assert_array_equal(traced[0].cu_seqlens, [[0, 2, 5, 5], [0, 4, 5, 5]])  # 3 + 1 a row
+  assert bool(jax.jit(lambda s: make_packing(s, 1)[2])(seg))  # 2 sequences in a row > 1
   np.testing.assert_array_equal(segment_ids_from_cu_seqlens([0, 2, 5, 6], 6), [[0, 0, 1, 1, 1, 2]])
 
 

@@ -1,0 +1,112 @@
+"""Token-by-token Pallas GPU kernel (Triton lowering) of the scalar-gate recurrences, for decoding:
+
+  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);  S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
+
+the gated delta rule, the delta rule (g = 0) and, without the delta correction, simple GLA.
+Grid (N * H, V / BV): each program keeps a float32 [K, BV] state tile in registers and walks the
+tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a decode
+step is one launch that reads each state once and writes it once. The gradient is the float32
+reference recurrence's, recomputed (`jax.vjp` of the family's reference): decoding needs none and
+training runs the chunked kernels.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common.gpu_utils import F32, compiler_params, head_major, next_pow2, pad_axis
+
+BV = 32        # value tile: N * H * V / 32 programs, enough to fill the GPU at decode batch sizes
+WARPS = 4
+
+
+def _kernel(*refs, scale: float, delta: bool, varlen_: bool, H: int):
+  cu_ref, refs = (refs[0], refs[1:]) if varlen_ else (None, refs)
+  q_ref, k_ref, v_ref, g_ref, b_ref, h0_ref, o_ref, ht_ref = refs
+
+  def body(t, S):
+    q, k, v = (r[t, :].astype(F32) for r in (q_ref, k_ref, v_ref))
+    S = S * jnp.exp(g_ref[t])
+    if delta:
+      v = b_ref[t] * (v - jnp.sum(S * k[:, None], axis=0))
+    S = S + k[:, None] * v[None, :]
+    o_ref[t, :] = jnp.sum(S * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
+    return S
+
+  if varlen_:
+    n = pl.program_id(0) // H
+    lo, hi = cu_ref[n], cu_ref[n + 1]
+  else:
+    lo, hi = 0, q_ref.shape[0]
+  ht_ref[...] = lax.fori_loop(lo, hi, body, h0_ref[...].astype(F32))
+
+
+def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
+  """Padded inputs (K, V powers of two); g, beta [B, H, T] float32. Returns (o, final state)."""
+  B, T, H, K = q.shape
+  V, N = v.shape[-1], h0.shape[0]
+  bv = min(BV, V)
+  varlen_ = cu_seqlens is not None
+  seq = (lambda nh: 0) if varlen_ else (lambda nh: nh // H)  # the batch row of program nh
+  tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
+                                      lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
+  gate = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
+  state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
+  in_specs = [tok(K, False), tok(K, False), tok(bv, True), gate, gate, state]
+  args = [q, k, v, g, beta, h0]
+  if varlen_:
+    in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
+    args.insert(0, cu_seqlens.astype(jnp.int32))
+  kernel = functools.partial(_kernel, scale=scale, delta=delta, varlen_=varlen_, H=H)
+  return pl.pallas_call(
+      kernel, grid=(N * H, V // bv), in_specs=in_specs, out_specs=[tok(bv, True), state],
+      out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype), jax.ShapeDtypeStruct(h0.shape, F32)],
+      compiler_params=compiler_params(WARPS, 1), interpret=interpret)(*args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference):
+  scale, delta, interpret = static
+  B, T, H, K = q.shape
+  V = v.shape[-1]
+  Kp, Vp = next_pow2(K), next_pow2(V)
+  zeros = jnp.zeros((B, T, H), F32)
+  o, S = _forward(pad_axis(q, 3, Kp), pad_axis(k.astype(q.dtype), 3, Kp),
+                  pad_axis(v.astype(q.dtype), 3, Vp), head_major(zeros if g is None else g),
+                  head_major(zeros if beta is None else beta), pad_axis(pad_axis(h0, 2, Kp), 3, Vp),
+                  cu_seqlens, scale=scale, delta=delta, interpret=interpret)
+  return o[..., :V], S[:, :, :K, :V]
+
+
+def _recurrent_fwd(q, k, v, g, beta, h0, cu_seqlens, static, reference):
+  return _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference), (q, k, v, g, beta, h0,
+                                                                           cu_seqlens)
+
+
+def _recurrent_bwd(static, reference, res, cts):
+  q, k, v, g, beta, h0, cu_seqlens = res
+  f = lambda q, k, v, g, beta, h0: reference(q, k, v, g, beta, scale=static[0], initial_state=h0,
+                                             cu_seqlens=cu_seqlens)
+  _, vjp = jax.vjp(f, q, k, v, g, beta, h0)
+  return (*vjp(cts), None)
+
+
+_recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
+
+
+def fused_recurrent(q, k, v, g, beta, *, scale, reference, initial_state=None, cu_seqlens=None,
+                    interpret=False):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H] log decays; beta None (no delta
+  correction) or [B, T, H]. `reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens)`: the
+  float32 recurrence that defines the gradient. Returns (o [B, T, H, V] in q.dtype, final state
+  [N, H, K, V] float32)."""
+  B, _, H, K = q.shape
+  N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  h0 = (jnp.zeros((N, H, K, v.shape[-1]), F32) if initial_state is None
+        else initial_state.astype(F32))
+  return _recurrent(q, k, v, g, beta, h0, cu_seqlens, (float(scale), beta is not None,
+                                                        bool(interpret)), reference)
