@@ -266,8 +266,8 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   `state`, returning the final state. Decode (`decode` True): the fused_recurrent op from `state`.
   Packed rows: each row runs as a B == 1 op call with its own `packing.cu_seqlens` (vmapped over the
   rows), so the state resets at every sequence boundary. Rows stay independent: flattening the batch
-  into one row would make the sequential pass over chunks B times longer. Array keyword arguments are per-head ([H, ...], e.g. RWKV-6's u). Returns
-  (o [B, L, ...], final state or None).
+  into one row would make the sequential pass over chunks B times longer. Array keyword arguments
+  are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
 
   Under a mesh with the training axes, the op runs inside `jax.shard_map` over the batch
   (data, fsdp) and head (tensor) axes, as Pallas kernels need: each device runs the kernel on its

@@ -83,8 +83,8 @@ def _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference):
 
 
 def _recurrent_fwd(q, k, v, g, beta, h0, cu_seqlens, static, reference):
-  return _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference), (q, k, v, g, beta, h0,
-                                                                           cu_seqlens)
+  residuals = (q, k, v, g, beta, h0, cu_seqlens)
+  return _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference), residuals
 
 
 def _recurrent_bwd(static, reference, res, cts):
