@@ -7,9 +7,10 @@ Produces runs/mqar_sweep/{best,results}.{md,csv,json}, accuracy_vs_width.png and
 subfolder per point under points/; a rerun skips finished points and resumes an interrupted one).
 Time: 18 points of 800 steps (batch 32 x 64 tokens); 25 min on an idle 2-core CPU (53 min shared
 with other jobs; 1-2 min per 2-layer point, 2-4.5 min per 4-layer point, one after another).
-Expected ordering: gated delta rule > GLA > linear attention; the first run's table (92.2% > 87.9% > 3.7%; hybrid 97.2% vs 92.2% / 96.5% pure at
-2 / 4 layers; the ungated delta rule 99.4%) is in lineax_lm/eval/README.md, with a rerun on other
-random draws (96.4% > 92.5% > 3.6%, but the hybrid 93.8%: hybrid vs pure is within init noise here).
+Expected ordering: gated delta rule > GLA > linear attention; the first run's table (92.2% > 87.9%
+> 3.7%; hybrid 97.2% vs 92.2% / 96.5% pure at 2 / 4 layers; the ungated delta rule 99.4%) is in
+lineax_lm/eval/README.md, with a rerun on other random draws (96.4% > 92.5% > 3.6%, but the hybrid
+93.8%: at this budget hybrid vs pure is within init noise).
 
 `python -m lineax_lm.eval.sweep --config configs/mqar_sweep.py:quick ...` runs a 2-point smoke
 version in about a minute.
