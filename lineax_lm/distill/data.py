@@ -82,21 +82,21 @@ def sample_documents(teacher, tokenizer, *, num_docs: int, max_new_tokens: int, 
   return docs[:num_docs]
 
 
-def write_jsonl(path: str, texts) -> str:
+def _write_atomically(path: str, write) -> str:
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    for text in texts:
-      f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    write(f)
   os.replace(tmp, path)  # a killed run never leaves a half-written file behind
   return path
 
 
+def write_jsonl(path: str, texts) -> str:
+  return _write_atomically(path, lambda f: f.writelines(
+      json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
+
+
 def write_json(path: str, obj) -> str:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)
-  return path
+  return _write_atomically(path, lambda f: json.dump(obj, f, indent=1))
 
 
 def ensure_teacher_samples(folder: str, teacher, data_config, samples, stop_ids=()) -> dict[str, str]:

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from lineax_lm.distill.teacher import with_values
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model, init_params
+from lineax_lm.models.hybrid import HybridLM, ModelConfig, init_model
 
 # mixer -> its config overrides, as a function of (heads H, head dim d, width D, rope theta).
 STUDENT_MIXER_CFG = {
@@ -131,7 +131,7 @@ def init_student(teacher: HybridLM, config: ModelConfig, *, seed: int = 0,
                        f"{getattr(tc, field)!r}; build the student with student_config(teacher.config, ...)")
   if config.linear_mlp_hidden not in (None, tc.mlp_hidden):
     raise ValueError("config.linear_mlp_hidden: the student's MLPs are the teacher's; leave it None")
-  student = nnx.merge(nnx.graphdef(abstract_model(config)), init_params(config, seed))
+  student = init_model(config, seed)
   values = {}
   for path, var in nnx.to_flat_state(nnx.state(teacher, nnx.Param)):
     if path[0] != "blocks" or path[2] != "mixer" or student.blocks[path[1]].is_attention:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
+from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model, init_model
 
 ADDITIVE = ("linear_attn", "retention", "simple_gla", "mamba2", "gla", "hgrn2", "rwkv6", "mlstm")
 DELTA = ("deltanet", "gated_deltanet", "kda")
@@ -118,7 +118,7 @@ def measure_tokens_per_s(model_or_config, batch: int = 4, seq_len: int = 512, re
   `repeats` timed calls after one compile call."""
   model = model_or_config
   if isinstance(model, ModelConfig):
-    model = HybridLM(model, nnx.Rngs(seed))
+    model = init_model(model, seed)
   graphdef, state = nnx.split(model)
   fwd = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
   x = jnp.asarray(np.random.default_rng(seed).integers(0, model.config.vocab_size, (batch, seq_len)),

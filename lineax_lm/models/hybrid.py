@@ -320,3 +320,8 @@ def init_params(config: ModelConfig, seed, shardings=None) -> nnx.State:
     blocks[i] = programs[kind](jax.random.fold_in(key, i))
   nnx.replace_by_pure_dict(state, params | {"blocks": blocks})
   return state
+
+
+def init_model(config: ModelConfig, seed) -> HybridLM:
+  """A randomly initialised HybridLM built from `init_params` (block-wise compiled init)."""
+  return nnx.merge(nnx.graphdef(abstract_model(config)), init_params(config, seed))
