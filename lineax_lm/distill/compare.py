@@ -17,8 +17,8 @@ import logging
 import os
 import time
 
-from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
+from lineax_lm.eval import report
 from lineax_lm.distill.pipeline import distill, format_summary
 
 
@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     print(f"{name}: {seconds[name]:.0f} s (this invocation)", flush=True)
   table = format_summary(summaries)
   print(table, flush=True)
-  distill_data.write_json(os.path.join(args.workdir, "compare.json"),
+  report.write_json(os.path.join(args.workdir, "compare.json"),
                           {"table": table, "seconds": seconds, "summaries": summaries})
   return summaries
 

@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lineax_lm.data.pipeline import make_tokenizer
+from lineax_lm.eval.report import write_atomically
 
 log = logging.getLogger("lineax_lm")
 OPENERS = ("The", "In", "A", "This", "It", "We", "When", "One", "How", "What", "Once", "There", "As",
@@ -82,21 +83,9 @@ def sample_documents(teacher, tokenizer, *, num_docs: int, max_new_tokens: int, 
   return docs[:num_docs]
 
 
-def _write_atomically(path: str, write) -> str:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    write(f)
-  os.replace(tmp, path)  # a killed run never leaves a half-written file behind
-  return path
-
-
 def write_jsonl(path: str, texts) -> str:
-  return _write_atomically(path, lambda f: f.writelines(
+  return write_atomically(path, lambda f: f.writelines(
       json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
-
-
-def write_json(path: str, obj) -> str:
-  return _write_atomically(path, lambda f: json.dump(obj, f, indent=1))
 
 
 def ensure_teacher_samples(folder: str, teacher, data_config, samples, stop_ids=()) -> dict[str, str]:

@@ -36,6 +36,7 @@ from lineax_lm.distill import chat, data as distill_data, losses
 from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
 from lineax_lm.distill.student import init_student, linear_layers, student_config
 from lineax_lm.distill.teacher import save_safetensors_dir, teacher_from_checkpoint, tiny_teacher
+from lineax_lm.eval import report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
 from lineax_lm.train import checkpoint, sharding
 from lineax_lm.train.config import base_config
@@ -240,7 +241,7 @@ def distill(config, workdir: str) -> dict:
   summary = evaluate(config, st, student)
   summary.update(workdir=workdir, final_stage=previous, mixer=st.student_cfg.mixer,
                  attn_ratio=st.student_cfg.attn_ratio, eval_key=key)
-  distill_data.write_json(path, summary)
+  report.write_json(path, summary)
   return summary
 
 
@@ -314,7 +315,7 @@ def evaluate(config, st: Setup, student) -> dict:
   if key not in cache:
     cache[key] = model_metrics(config, st, st.teacher)
     os.makedirs(st.folder, exist_ok=True)
-    distill_data.write_json(cache_path, cache)
+    report.write_json(cache_path, cache)
   teacher, mine = cache[key], model_metrics(config, st, student)
   summary = {}
   for name in mine:

@@ -42,21 +42,35 @@ def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: st
   return markdown_table(table, formats={f"{col}={ck}": fmt for ck in ckeys})
 
 
+def write_atomically(path: str, write) -> str:
+  """Calls `write(f)` on `<path>.tmp`, then renames it to `path`: a run killed mid-write never leaves a
+  half-written file that a resume would trust. Returns `path`."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8", newline="") as f:
+    write(f)
+  os.replace(tmp, path)
+  return path
+
+
+def write_json(path: str, obj) -> str:
+  return write_atomically(path, lambda f: json.dump(obj, f, indent=1, default=float))
+
+
 def write_rows(rows: Sequence[dict], path_stem: str, columns: Sequence[str] | None = None,
                title: str | None = None, formats: dict | None = None) -> str:
   """Writes `rows` as <stem>.csv, <stem>.json and <stem>.md (markdown table under `title`); returns
   the markdown."""
   os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
   columns = list(columns or (rows[0].keys() if rows else []))
-  with open(path_stem + ".csv", "w", newline="") as f:
+
+  def write_csv(f):
     w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
-  with open(path_stem + ".json", "w") as f:
-    json.dump(list(rows), f, indent=1, default=float)
+  write_atomically(path_stem + ".csv", write_csv)
+  write_json(path_stem + ".json", list(rows))
   md = ((f"## {title}\n\n" if title else "") + markdown_table(rows, columns, formats) + "\n")
-  with open(path_stem + ".md", "w") as f:
-    f.write(md)
+  write_atomically(path_stem + ".md", lambda f: f.write(md))
   return md
 
 

@@ -9,13 +9,16 @@ A sweep config (see configs/mqar_sweep.py) holds
   ratios   optional attention ratios ("pure", "3:1", ...) crossed with every mixer entry
   widths   model widths (hidden); heads   linear-mixer heads
   lrs      peak learning rates
+  seeds    optional training seeds (init and data order); each (mixer, width, lr) trains once per seed
+           and the tables report the mean accuracy over seeds with its min and max
   equal_state  give every matrix-state mixer H heads of key and value dim width / H (state
                H x (width/H)^2 per layer: equal state size at equal width)
 
-Each point writes <workdir>/points/<label>_w<width>_lr<lr>/result.json; a rerun skips finished
-points and resumes an interrupted one from its checkpoint. Results (Zoology's protocol: the best
-accuracy over learning rates for each mixer and width) go to <workdir>/results.{md,csv,json} (every
-point), best.{md,csv,json}, accuracy_vs_width.png and pareto.png (accuracy vs token-mixing FLOPs).
+Each point writes <workdir>/points/<label>_w<width>_lr<lr>[_s<seed>]/result.json; a rerun skips
+finished points and resumes an interrupted one from its checkpoint. Results (Zoology's protocol: the
+best accuracy over learning rates for each mixer and width; with seeds, the best mean over seeds) go
+to <workdir>/results.{md,csv,json} (every point), best.{md,csv,json}, accuracy_vs_width.png and
+pareto.png (accuracy vs token-mixing FLOPs).
 """
 from __future__ import annotations
 
@@ -62,25 +65,30 @@ def mixer_specs(sweep) -> list[tuple[str, dict]]:
 
 
 def points(sweep) -> list[dict]:
-  """The grid: one dict per (mixer label [x ratio], width, lr) with the full training config."""
+  """The grid: one dict per (mixer label [x ratio], width, lr[, seed]) with the full training config."""
   out = []
+  seeds = list(sweep.get("seeds") or [None])
   for label, spec in mixer_specs(sweep):
     mixer = spec.pop("mixer")
     extra_cfg = dict(spec.pop("mixer_cfg", {}))
     for width in sweep.widths:
       for lr in sweep.lrs:
-        cfg = copy.deepcopy(sweep.base)
-        mcfg = equal_state_mixer_cfg(mixer, width, sweep.heads) if sweep.equal_state else {}
-        with cfg.unlocked():
-          cfg.model.mixer = mixer
-          cfg.model.hidden = width
-          cfg.model.mixer_cfg = ml_collections.ConfigDict({**mcfg, **extra_cfg})
-          for k, v in spec.items():
-            cfg.model[k] = v
-          cfg.train.lr = float(lr)
-        name = re.sub(r"[^\w.-]", "-", f"{label}_w{width}_lr{lr:g}")    # a folder name
-        out.append(dict(name=name, label=label, mixer=mixer, width=width, lr=float(lr),
-                        attn_ratio=str(cfg.model.attn_ratio), config=cfg))
+        for seed in seeds:
+          cfg = copy.deepcopy(sweep.base)
+          mcfg = equal_state_mixer_cfg(mixer, width, sweep.heads) if sweep.equal_state else {}
+          with cfg.unlocked():
+            cfg.model.mixer = mixer
+            cfg.model.hidden = width
+            cfg.model.mixer_cfg = ml_collections.ConfigDict({**mcfg, **extra_cfg})
+            for k, v in spec.items():
+              cfg.model[k] = v
+            cfg.train.lr = float(lr)
+            if seed is not None:
+              cfg.seed = int(seed)
+          name = f"{label}_w{width}_lr{lr:g}" + ("" if seed is None else f"_s{seed}")
+          out.append(dict(name=re.sub(r"[^\w.-]", "-", name), label=label, mixer=mixer,
+                          width=width, lr=float(lr), seed=cfg.seed,
+                          attn_ratio=str(cfg.model.attn_ratio), config=cfg))
   return out
 
 
@@ -104,29 +112,43 @@ def run_point(point: dict, workdir: str) -> dict:
       return json.load(f)
   start = time.time()
   summary = train_and_evaluate(point["config"], pdir)
-  result = {k: point[k] for k in ("name", "label", "mixer", "width", "lr", "attn_ratio")}
+  result = {k: point[k] for k in ("name", "label", "mixer", "width", "lr", "seed", "attn_ratio")}
   result.update(accuracy=summary.get("eval_accuracy"), eval_loss=summary.get("eval_loss"),
                 train_loss=summary.get("loss"), steps=summary.get("step"),
                 seconds=round(time.time() - start, 1), **point_costs(point["config"]))
   if summary.get("stopped_by"):
     return result            # interrupted: no result.json, the rerun resumes it
   os.makedirs(pdir, exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+  report.write_json(path, result)
   return result
 
 
-def best_over_lr(results: list[dict]) -> list[dict]:
-  """Zoology's protocol: per (label, width), the point of highest accuracy over learning rates."""
-  best: dict = {}
+def mean_over_seeds(results: list[dict]) -> list[dict]:
+  """One row per (label, width, lr): the first seed's row with `accuracy` the mean over its seeds,
+  `accuracy_min`, `accuracy_max` and `seeds` (how many)."""
+  groups: dict = {}
   for r in results:
+    if r["accuracy"] is not None:
+      groups.setdefault((r["label"], r["width"], r["lr"]), []).append(r)
+  rows = []
+  for group in groups.values():
+    accs = [r["accuracy"] for r in group]
+    rows.append(dict(group[0], accuracy=sum(accs) / len(accs), accuracy_min=min(accs),
+                     accuracy_max=max(accs), seeds=len(accs)))
+  return rows
+
+
+def best_over_lr(results: list[dict]) -> list[dict]:
+  """Zoology's protocol: per (label, width), the learning rate of highest accuracy (mean over seeds)."""
+  best: dict = {}
+  for r in mean_over_seeds(results):
     key = (r["label"], r["width"])
-    if r["accuracy"] is not None and (key not in best or r["accuracy"] > best[key]["accuracy"]):
+    if key not in best or r["accuracy"] > best[key]["accuracy"]:
       best[key] = r
   return list(best.values())
 
 
-COLUMNS = ("label", "mixer", "attn_ratio", "width", "lr", "accuracy", "eval_loss", "steps",
+COLUMNS = ("label", "mixer", "attn_ratio", "width", "lr", "seed", "accuracy", "eval_loss", "steps",
            "params", "state_bytes", "kv_cache_bytes", "mixing_flops", "seconds")
 
 
@@ -136,10 +158,13 @@ def write_results(results: list[dict], workdir: str) -> str:
     return "(no finished points)"
   report.write_rows(results, os.path.join(workdir, "results"), COLUMNS, "MQAR sweep: every point")
   best = best_over_lr(results)
-  cols = ("label", "width", "accuracy", "lr", "state_bytes", "mixing_flops", "params")
+  cols = ("label", "width", "accuracy", "accuracy_min", "accuracy_max", "seeds", "lr", "state_bytes",
+          "mixing_flops", "params")
+  acc = "{:.3f}"
   md = report.write_rows(best, os.path.join(workdir, "best"), cols,
-                         "MQAR sweep: best accuracy over learning rates",
-                         formats={"accuracy": "{:.3f}", "lr": "{:g}"})
+                         "MQAR sweep: best accuracy over learning rates (mean, min, max over seeds)",
+                         formats={"accuracy": acc, "accuracy_min": acc, "accuracy_max": acc,
+                                  "lr": "{:g}"})
   report.line_plot(best, x="width", y="accuracy", group="label",
                    path=os.path.join(workdir, "accuracy_vs_width.png"),
                    title="MQAR accuracy (best over lr)", logx=True, ylim=(0, 1.02))
@@ -154,8 +179,8 @@ def run_sweep(sweep, workdir: str, progress: bool = True) -> list[dict]:
   from tqdm import tqdm
   grid = points(sweep)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "sweep_config.json"), "w") as f:
-    json.dump(sweep.to_dict(), f, indent=1, default=str)
+  report.write_atomically(os.path.join(workdir, "sweep_config.json"),
+                          lambda f: json.dump(sweep.to_dict(), f, indent=1, default=str))
   results = []
   bar = tqdm(grid, unit="point", disable=not progress, dynamic_ncols=True)
   for point in bar:

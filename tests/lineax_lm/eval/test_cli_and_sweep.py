@@ -89,3 +89,27 @@ def test_sweep_grid_crosses_mixers_ratios_widths_lrs():
   assert s.base.model.hidden == 128 and "attn_ratio" not in s.mixers["gated_deltanet"]   # copies
   assert sweep.best_over_lr([dict(label="a", width=1, accuracy=0.5, lr=1), dict(label="a", width=1,
                                                                              accuracy=0.7, lr=2)])[0]["lr"] == 2
+
+
+def test_sweep_seeds_cross_the_grid_and_best_lr_is_by_mean_over_seeds():
+  s = tiny_sweep()
+  s.seeds = [0, 3]
+  grid = sweep.points(s)
+  assert len(grid) == 2 * 2 and {g["config"].seed for g in grid} == {0, 3}
+  assert grid[1]["name"] == "gated_deltanet_w16_lr0.003_s3" and grid[1]["seed"] == 3
+  rows = [dict(label="a", width=1, lr=1, accuracy=a) for a in (0.9, 0.1)] + \
+         [dict(label="a", width=1, lr=2, accuracy=a) for a in (0.6, 0.6)]     # best single: lr 1
+  (best,) = sweep.best_over_lr(rows)
+  assert best["lr"] == 2 and best["seeds"] == 2
+  assert (best["accuracy"], best["accuracy_min"], best["accuracy_max"]) == (0.6, 0.6, 0.6)
+
+
+def test_report_writes_atomically(tmp_path):
+  path = str(tmp_path / "r.json")
+  report.write_json(path, {"a": 1})
+  try:
+    report.write_atomically(path, lambda f: (f.write("{half"), 1 / 0))
+  except ZeroDivisionError:
+    pass
+  with open(path) as f:
+    assert json.load(f) == {"a": 1}       # the failed write left the old file whole
