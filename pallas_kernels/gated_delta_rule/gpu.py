@@ -55,6 +55,7 @@ class Config(NamedTuple):
   warps_state: int = 4
   stages_state: int = 2
   warps_wy: int = 4       # forward WY/UT kernel
+  wy_product: int = 0     # 1: the WY kernel inverts its 16 x 16 diagonal blocks by the product form
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8
@@ -97,7 +98,7 @@ def _sds(shape, dtype):
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, product):
   """Everything in 16-row blocks: A's blocks, their inverse (T, stored for the backward), w and u."""
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
@@ -111,7 +112,7 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
     for q in range(p + 1):
       L = decay(Gs[p], strict=True) if p == q else jnp.exp(Gs[p][:, None] - Gs[q][None, :])
       A[p][q] = dot_nt(ks[p], ks[q], prec) * L * bs[p][:, None]
-  T = block_unit_lower_inverse(A, prec)
+  T = block_unit_lower_inverse(A, prec, product)
   kb = [scale_rows(ks[q], bs[q] * jnp.exp(Gs[q]), dt) for q in range(n)]
   vb = [scale_rows(v_ref[rows[q], :], bs[q], dt) for q in range(n)]
   for p in range(n):
@@ -127,7 +128,8 @@ def _wy_fwd(k, v, G, beta, st: _Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  return _call(_wy_fwd_kernel, (sp.NT, B * H),
+  kern = functools.partial(_wy_fwd_kernel, product=bool(st.cfg.wy_product))
+  return _call(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
                [_sds(k.shape, k.dtype), _sds(v.shape, k.dtype), _sds((B, T, H, CHUNK), k.dtype)], st,
