@@ -24,6 +24,8 @@
 #   per row, no varlen kernels)
 #   DTYPE [bfloat16] activations (parameters float32)   T_LIMIT [480] seconds before SIGTERM (the
 #     stage then saves; 30 s later it is killed: keep T_LIMIT + 60 s under the job's own time limit)
+#   PROFILE [0] steps of every stage to trace (steps 11..10+PROFILE): the log gets a table of the
+#     device time per step by op (the stage's profile/summary.md)
 #   TEXT [README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md] real held-out text
 #   RUNLOCAL [unset] set: the tiny random teacher instead (a dry run in a minute on a CPU host, with
 #     PATH=.venv/bin:$PATH DTYPE=float32 STEPS=10,8,8 DOCS=48 BATCH=8 SEQ_LEN=32)
@@ -68,7 +70,7 @@ timeout -s TERM -k 30 "${T_LIMIT:-480}" python3 -m lineax_lm.distill.compare \
   --workdir "$WORKDIR" --mixers "${MIXERS:-gated_deltanet,gla}" --teacher "${TEACHER_GGUF:-}" \
   --steps "${STEPS:-150,150,300}" --batch "${BATCH:-16}" --seq_len "${SEQ_LEN:-512}" \
   --docs "${DOCS:-2048}" --sample_batch "${SAMPLE_BATCH:-256}" --dtype "${DTYPE:-bfloat16}" \
-  --packing "${PACKING:-concat}" \
+  --packing "${PACKING:-concat}" --profile_steps "${PROFILE:-0}" \
   --text_paths "${TEXT:-README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md}" \
   ${RUNLOCAL:+--runlocal} 2>&1 | tee "${logs[@]}" > /dev/null
 rc=${PIPESTATUS[0]}

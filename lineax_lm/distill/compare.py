@@ -35,6 +35,8 @@ def parse_args(argv=None):
   p.add_argument("--dtype", default="", help="activation dtype, e.g. bfloat16 ('' = the config's)")
   p.add_argument("--packing", default="", help="concat | first_fit | none ('' = the config's)")
   p.add_argument("--text_paths", default="", help="real held-out text files for a second perplexity")
+  p.add_argument("--profile_steps", type=int, default=0,
+                 help="trace this many steps of every stage (after 10) and log where the time goes")
   p.add_argument("--hybrid", action="store_true", help="3:1 hybrid students")
   p.add_argument("--runlocal", action="store_true", help="tiny random teacher, seconds on CPU")
   return p.parse_args(argv)
@@ -54,7 +56,8 @@ def student_config(args, mixer: str):
   for value, section, key in ((args.batch, c.data, "global_batch_size"), (args.seq_len, c.data, "seq_len"),
                               (args.docs, c.samples, "num_docs"), (args.sample_batch, c.samples, "batch_size"),
                               (args.dtype, c.model, "dtype"), (args.packing, c.data, "packing"),
-                              (args.text_paths, c.eval, "text_paths")):
+                              (args.text_paths, c.eval, "text_paths"),
+                              (args.profile_steps, c.train, "profile_steps")):
     if value:
       section[key] = value
   return c

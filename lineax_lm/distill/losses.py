@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from lineax_lm.layers import Context
-from lineax_lm.models.hybrid import make_packing
+from lineax_lm.models.hybrid import call_shared, make_packing
 
 F32 = jnp.float32
 
@@ -50,12 +50,25 @@ def teacher_states(teacher, batch, ctx: Context):
   x = teacher.embed(batch["inputs"])
   hiddens, outs = [x], []
   for block in teacher.blocks:
-    y, _ = block.mixer(block.attn_norm(x), None, ctx)
-    x = x + y
-    x = x + block.mlp(block.mlp_norm(x))
+    x, y = call_shared(_teacher_block, block, x, ctx)
     hiddens.append(x)
     outs.append(y)
   return jax.lax.stop_gradient((hiddens, outs))
+
+
+# Module-level layer functions for call_shared (identical layers share one trace).
+def _teacher_block(block, x, ctx):
+  y, _ = block.mixer(block.attn_norm(x), None, ctx)
+  x = x + y
+  return x + block.mlp(block.mlp_norm(x)), y
+
+
+def _mixer_output(block, h, ctx):
+  return block.mixer(block.attn_norm(h), None, ctx)[0]
+
+
+def _block_output(block, h, ctx):
+  return block(h, None, ctx)[0]
 
 
 def _squared_error(pred, target, mask, relative: bool):
@@ -86,10 +99,11 @@ def alignment_loss(student, teacher, batch, *, layers, level: str, relative: boo
   for i in layers:
     block = student.blocks[i]
     if level == "layer":
-      pred, target = block.mixer(block.attn_norm(hiddens[i]), None, ctx)[0], outs[i]
+      pred, target = call_shared(_mixer_output, block, hiddens[i], ctx), outs[i]
     else:  # the block's update of the residual stream: same error, scaled by the update's size
       h = hiddens[i].astype(F32)
-      pred, target = block(hiddens[i], None, ctx)[0].astype(F32) - h, hiddens[i + 1].astype(F32) - h
+      pred = call_shared(_block_output, block, hiddens[i], ctx).astype(F32) - h
+      target = hiddens[i + 1].astype(F32) - h
     per_token = per_token + _squared_error(pred, target, mask, relative)
   return _finish(per_token / len(layers), mask, overflow)
 

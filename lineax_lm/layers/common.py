@@ -40,8 +40,6 @@ class MixerConfig:
 class Dims(NamedTuple):
   """Construction arguments every layer receives from the model."""
   hidden: int
-  layer_idx: int = 0
-  num_layers: int = 1
   dtype: Any = F32          # activation / compute dtype
   param_dtype: Any = F32
   init_std: float = INIT_STD

@@ -24,10 +24,11 @@ class HGRNConfig(MixerConfig):
   use_short_conv: bool = False
 
 
-def lower_bounded(f_logits, lower_bound, layer_idx: int):
-  """log of a forget gate lb + (1 - lb) * sigmoid(f_logits), in float32 (lb unused for layer 0)."""
+def lower_bounded(f_logits, lower_bound):
+  """log of a forget gate lb + (1 - lb) * sigmoid(f_logits), in float32 (None: no bound; the model
+  passes None to its first layer, whose bound is 0)."""
   f = jax.nn.log_sigmoid(f_logits.astype(F32))
-  if lower_bound is None or layer_idx == 0:
+  if lower_bound is None:
     return f
   lb = lower_bound.astype(F32)
   return jnp.minimum(jnp.logaddexp(jnp.log(lb), jnp.log1p(-lb) + f), 0.0)  # rounding can exceed 0
@@ -53,7 +54,7 @@ class HGRN(LinearMixer):
   def __call__(self, x, cache=None, ctx: Context | None = None, lower_bound=None):
     (i, f), conv = self.short_conv({"i": self.i_proj(x), "f": self.f_proj(x)}, cache, ctx,
                                    fallback=None)
-    f = lower_bounded(f, lower_bound, self.dims.layer_idx)
+    f = lower_bounded(f, lower_bound)
     i = (jax.nn.silu(i.astype(F32)) * -jnp.expm1(f)).astype(x.dtype)
     o, state = run_op(chunk_hgrn, fused_recurrent_hgrn, (i, f), state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing,

@@ -50,7 +50,7 @@ class HGRN2(LinearMixer):
   def __call__(self, x, cache=None, ctx: Context | None = None, lower_bound=None):
     (q, f, i), conv = self.short_conv({"q": self.q_proj(x), "f": self.f_proj(x), "i": self.i_proj(x)},
                                       cache, ctx, fallback=None)
-    g = lower_bounded(f, lower_bound, self.dims.layer_idx)
+    g = lower_bounded(f, lower_bound)
     k = (-jnp.expm1(g)).astype(x.dtype)
     q, k, g = (split_heads(t, self.head_f_dim) for t in (jax.nn.silu(q), k, g))
     o, state = run_op(chunk_gla, fused_recurrent_gla, (q, k, split_heads(i, self.head_i_dim), g),

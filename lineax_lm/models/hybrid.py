@@ -18,6 +18,7 @@ positions restart at 0 unless `positions` are given.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -92,9 +93,10 @@ class ModelConfig:
   def attention_indices(self) -> tuple:
     return attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)
 
-  def dims(self, layer_idx: int = 0) -> Dims:
-    return Dims(self.hidden, layer_idx, self.num_layers, jnp.dtype(self.dtype),
-                jnp.dtype(self.param_dtype), self.init_std)
+  def dims(self) -> Dims:
+    # Nothing layer-specific: blocks of one kind are then identical up to their parameters, so
+    # they share one trace (call_shared).
+    return Dims(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std)
 
   def linear_mixer_config(self):
     return mixer_config(self.mixer, **{"norm_eps": self.norm_eps, "backend": self.backend,
@@ -157,7 +159,7 @@ class Block(nnx.Module):
   """Pre-norm block: x + mixer(attn_norm(x)), then + mlp(mlp_norm(x))."""
 
   def __init__(self, config: ModelConfig, layer_idx: int, rngs: nnx.Rngs):
-    dims = config.dims(layer_idx)
+    dims = config.dims()
     self.is_attention = layer_idx in config.attention_indices
     name, mcfg = (("attention", config.attention_config()) if self.is_attention
                   else (config.mixer, config.linear_mixer_config()))
@@ -175,7 +177,27 @@ class Block(nnx.Module):
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
-def _block_call(block, x, cache, ctx, lower_bound):
+def call_shared(fn, module: nnx.Module, *args, remat: str | None = None):
+  """fn(module, *args) as a pure function of the module's state, jitted with the module's graphdef
+  as the cache key: identical layers (every linear block of a model, every teacher block) then share
+  one trace and one lowering. A 30-layer model lowers each Pallas kernel once instead of 30 times
+  (tracing and Triton lowering cost ~1 s a layer), and XLA inlines the calls, so the compiled
+  program is unchanged. fn: a module-level function (its identity is part of the key); remat: a
+  REMAT_POLICIES name, None for none."""
+  graphdef, state = nnx.split(module)
+  return _pure_call(fn, graphdef, remat, state, *args)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _pure_call(fn, graphdef, remat, state, *args):
+  def apply(state, *args):
+    return fn(nnx.merge(graphdef, state), *args)
+  if remat is not None:
+    apply = jax.checkpoint(apply, policy=REMAT_POLICIES[remat])
+  return apply(state, *args)
+
+
+def _block_forward(block, x, cache, ctx, lower_bound):
   return block(x, cache, ctx, lower_bound)
 
 
@@ -232,7 +254,7 @@ class HybridLM(nnx.Module):
       return [None] * len(self.blocks)
     lb = jax.nn.softmax(self.lower_bounds[...].astype(jnp.float32), axis=0)
     lb = jnp.cumsum(lb, axis=0) - lb[0]
-    return [lb[i] for i in range(len(self.blocks))]
+    return [None] + [lb[i] for i in range(1, len(self.blocks))]  # layer 0's bound is 0: none
 
   def _forward(self, inputs, segment_ids, positions, cache):
     config = self.config
@@ -251,13 +273,12 @@ class HybridLM(nnx.Module):
       positions = jnp.arange(L, dtype=jnp.int32) + (0 if start is None else start)
     ctx = Context(jnp.broadcast_to(positions, (B, L)).astype(jnp.int32), packing, start)
 
-    call = _block_call
-    if config.remat != "none" and cache is None:
-      call = nnx.remat(_block_call, policy=REMAT_POLICIES[config.remat])
+    remat = config.remat if config.remat != "none" and cache is None else None
     x = self.embed(inputs)
     layer_caches = []
     for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
-      x, layer_cache = call(block, x, None if cache is None else cache["layers"][i], ctx, lb)
+      x, layer_cache = call_shared(_block_forward, block, x,
+                                   None if cache is None else cache["layers"][i], ctx, lb, remat=remat)
       layer_caches.append(layer_cache)
     x = self.norm(x)
     head = self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]

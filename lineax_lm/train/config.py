@@ -20,7 +20,10 @@ def base_config() -> ml_collections.ConfigDict:
       lr=1e-3, min_lr_ratio=0.1, warmup_steps=100, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
       clip_norm=1.0,
       log_every=50, checkpoint_every=500, keep_checkpoints=3, async_checkpointing=True,
-      restore_step=-1))  # -1: the latest checkpoint
+      restore_step=-1,  # -1: the latest checkpoint
+      # jax.profiler trace of steps profile_start+1 .. profile_start+profile_steps (0: none) into
+      # <workdir>/profile, summarised in the log and in profile/summary.md (device time per step)
+      profile_steps=0, profile_start=10))
   c.eval = ml_collections.ConfigDict(dict(every=500, steps=4, seed=10_000))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
   return c

@@ -73,3 +73,40 @@ class MetricsWriter:
       self.jsonl.close()
       if self.bar is not None:
         self.bar.close()
+
+
+def profile_summary(trace_dir: str, steps: int, top: int = 15) -> str:
+  """A markdown summary of the jax.profiler trace under `trace_dir` covering `steps` training steps:
+  wall time per step, the device's busy time per step (kernels on the GPU / TPU planes; well below
+  the wall time means the host is the bottleneck) and the `top` device ops by total time."""
+  import glob
+  from jax.profiler import ProfileData
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
+  if not paths:
+    return f"(no trace under {trace_dir})"
+  data = ProfileData.from_file(paths[-1])
+  ops: dict[str, list] = {}
+  busy_ns, first, last = 0.0, None, None
+  for plane in data.planes:
+    if not plane.name.startswith("/device:"):
+      continue
+    lines = list(plane.lines)
+    # "XLA Ops" lists each HLO op once (the stream lines repeat them per kernel); fall back to all.
+    lines = [l for l in lines if l.name == "XLA Ops"] or lines
+    for line in lines:
+      for e in line.events:
+        t = ops.setdefault(e.name, [0.0, 0])
+        t[0] += e.duration_ns
+        t[1] += 1
+        busy_ns += e.duration_ns
+        first = e.start_ns if first is None else min(first, e.start_ns)
+        last = e.end_ns if last is None else max(last, e.end_ns)
+  if not ops:
+    return f"(no device events in {paths[-1]}: a CPU run)"
+  wall_ms = (last - first) / 1e6 / steps
+  rows = [f"device span per step {wall_ms:.1f} ms, kernels busy {busy_ns / 1e6 / steps:.1f} ms "
+          f"({busy_ns / max(last - first, 1):.0%} of the span)", "",
+          "| op | ms / step | share | calls / step |", "|---|---|---|---|"]
+  for name, (ns, n) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]:
+    rows.append(f"| {name[:80]} | {ns / 1e6 / steps:.2f} | {ns / busy_ns:.1%} | {n / steps:g} |")
+  return "\n".join(rows)

@@ -234,6 +234,19 @@ def eval_batches(config, dataset=make_dataset):
   return [next(it) for _ in range(config.eval.steps)]
 
 
+def _finish_profile(state, step: int, steps: int, started: float, workdir: str):
+  """Stops the trace begun `steps` steps ago (at perf_counter `started`) and logs its summary."""
+  jax.block_until_ready(state)
+  seconds = time.perf_counter() - started
+  jax.profiler.stop_trace()
+  folder = os.path.join(workdir, "profile")
+  md = (f"steps {step - steps + 1}..{step}: host wall {1e3 * seconds / steps:.1f} ms per step\n"
+        + metrics_lib.profile_summary(folder, steps))
+  with open(os.path.join(folder, "summary.md"), "w") as f:
+    f.write(md + "\n")
+  log.info("profile (%s):\n%s", folder, md)
+
+
 def train_and_evaluate(config, workdir: str, objective: Objective | None = None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics.
   `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
@@ -266,6 +279,9 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
     try:
       with _StopSignal() as stop:
         while step < t.steps:
+          if t.profile_steps and step == t.profile_start:
+            jax.profiler.start_trace(os.path.join(workdir, "profile"))
+            profile_start = time.perf_counter()
           batch = trainer.put_batch(next(data_iter))
           new_state, m = trainer.train_step(state, batch)
           if not bool(m["ok"]):
@@ -277,6 +293,8 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
                                   f"{step} in {workdir}/checkpoints")
           state, step, window_steps = new_state, step + 1, window_steps + 1
           writer.advance()
+          if t.profile_steps and step == t.profile_start + t.profile_steps:
+            _finish_profile(state, step, t.profile_steps, profile_start, workdir)
           if step % t.log_every == 0 or step == t.steps:
             jax.block_until_ready(m)
             elapsed = time.perf_counter() - window_start

@@ -13,9 +13,9 @@ from tests.lineax_lm.tiny import HIDDEN, INIT_STD, TINY_MIXER
 B, L = 2, 19
 
 
-def make(name, layer_idx=1, **kw):
+def make(name, **kw):
   cfg = mixer_config(name, backend="xla", **{**TINY_MIXER[name], **kw})
-  return build_mixer(name, cfg, Dims(HIDDEN, layer_idx, 2, init_std=INIT_STD), nnx.Rngs(0))
+  return build_mixer(name, cfg, Dims(HIDDEN, init_std=INIT_STD), nnx.Rngs(0))
 
 
 def inputs(shape=(B, L, HIDDEN), seed=0):

@@ -154,3 +154,12 @@ def test_config_typo_on_the_command_line_suggests_the_field():
   from lineax_lm.train import __main__ as cli
   with pytest.raises(SystemExit, match="did you mean --config.train.steps"):
     cli.parse_flags(["train", "--config", "configs/base.py", "--config.train.stpes=5", "--workdir", "/tmp/x"])
+
+
+def test_profile_steps_write_a_summary(tmp_path):
+  config = tiny_config(steps=4)
+  config.train.update(dict(profile_steps=2, profile_start=1))
+  train_and_evaluate(config, str(tmp_path))
+  with open(tmp_path / "profile" / "summary.md") as f:
+    summary = f.read()
+  assert summary.startswith("steps 2..3: host wall") and "no device events" in summary  # CPU
