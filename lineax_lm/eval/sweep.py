@@ -174,10 +174,12 @@ def write_results(results: list[dict], workdir: str) -> str:
   return md
 
 
-def run_sweep(sweep, workdir: str, progress: bool = True) -> list[dict]:
-  """Runs every point not yet finished, then writes the results; returns the results of all points."""
+def run_sweep(sweep, workdir: str, progress: bool = True, only: str = "") -> list[dict]:
+  """Runs every point not yet finished, then writes the results; returns the results of all points.
+  only: a regular expression; just the points whose name it matches (e.g. to share the grid out
+  between processes or machines on one workdir; a last run without it writes the full tables)."""
   from tqdm import tqdm
-  grid = points(sweep)
+  grid = [p for p in points(sweep) if re.search(only, p["name"])]
   os.makedirs(workdir, exist_ok=True)
   report.write_atomically(os.path.join(workdir, "sweep_config.json"),
                           lambda f: json.dump(sweep.to_dict(), f, indent=1, default=str))
@@ -198,7 +200,7 @@ def main(argv):
   from absl import logging as absl_logging
   FLAGS = flags.FLAGS
   absl_logging.set_verbosity(absl_logging.WARNING)       # orbax logs every save at INFO
-  results = run_sweep(FLAGS.config, FLAGS.workdir)
+  results = run_sweep(FLAGS.config, FLAGS.workdir, only=FLAGS.only)
   print(write_results(results, FLAGS.workdir))
   print(f"tables and plots in {FLAGS.workdir}")
 
@@ -208,5 +210,6 @@ if __name__ == "__main__":
   from ml_collections import config_flags
   config_flags.DEFINE_config_file("config", None, "Sweep config file (configs/mqar_sweep.py).")
   flags.DEFINE_string("workdir", None, "Sweep directory (one subfolder per point).")
+  flags.DEFINE_string("only", "", "Regular expression: run only the points whose name matches.")
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)

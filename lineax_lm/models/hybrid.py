@@ -132,7 +132,8 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
 def segment_ids_from_cu_seqlens(cu_seqlens, length: int):
   """FlashAttention-style offsets [0, ..., T] of sequences packed in one row -> segment ids [1, T]."""
   cu = jnp.asarray(cu_seqlens, jnp.int32)
-  return (jnp.searchsorted(cu, jnp.arange(length), side="right") - 1)[None].astype(jnp.int32)
+  seg = jnp.searchsorted(cu, jnp.arange(length), side="right", method="scan_unrolled") - 1  # no loop
+  return seg[None].astype(jnp.int32)
 
 
 def make_packing(segment_ids, max_segments: int):

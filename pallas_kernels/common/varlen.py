@@ -14,6 +14,10 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+# Loop-free binary search: the default ("scan") is a while loop, which on a GPU costs a device-to-host
+# round trip per step, in every layer of every step.
+SEARCH = "scan_unrolled"
+
 
 class Segments(NamedTuple):
   """Per scan step (token or chunk): index of the sequence starting / ending there, else -1."""
@@ -30,7 +34,7 @@ class ChunkLayout(NamedTuple):
 def token_segments(cu_seqlens, T: int) -> Segments:
   cu = cu_seqlens.astype(jnp.int32)
   t = jnp.arange(T, dtype=jnp.int32)
-  seq = jnp.searchsorted(cu, t, side="right").astype(jnp.int32) - 1
+  seq = jnp.searchsorted(cu, t, side="right", method=SEARCH).astype(jnp.int32) - 1
   starts = jnp.where(t == cu[seq], seq, -1)
   ends = jnp.where(t == cu[seq + 1] - 1, seq, -1)
   return Segments(starts, ends)
@@ -43,11 +47,12 @@ def chunk_layout(cu_seqlens, T: int, C: int) -> ChunkLayout:
   lens = cu[1:] - cu[:-1]
   first = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum((lens + C - 1) // C)])  # [N+1]
   t = jnp.arange(T, dtype=jnp.int32)
-  tseq = jnp.searchsorted(cu, t, side="right").astype(jnp.int32) - 1
+  tseq = jnp.searchsorted(cu, t, side="right", method=SEARCH).astype(jnp.int32) - 1
   dst = first[tseq] * C + (t - cu[tseq])
   c = jnp.arange(n_chunks, dtype=jnp.int32)
   used = c < first[-1]
-  cseq = jnp.minimum(jnp.searchsorted(first, c, side="right").astype(jnp.int32) - 1, n_seq - 1)
+  cseq = jnp.searchsorted(first, c, side="right", method=SEARCH).astype(jnp.int32) - 1
+  cseq = jnp.minimum(cseq, n_seq - 1)
   starts = jnp.where(used & (c == first[cseq]), cseq, -1)
   ends = jnp.where(used & (c == first[cseq + 1] - 1), cseq, -1)
   p = jnp.arange(n_chunks * C, dtype=jnp.int32)
