@@ -183,7 +183,8 @@ def call_shared(fn, module: nnx.Module, *args, remat: str | None = None):
   as the cache key: identical layers (every linear block of a model, every teacher block) then share
   one trace and one lowering. A 30-layer model lowers each Pallas kernel once instead of 30 times
   (tracing and Triton lowering cost ~1 s a layer), and XLA inlines the calls, so the compiled
-  program is unchanged. fn: a module-level function (its identity is part of the key); remat: a
+  program is unchanged. fn: a module-level function (its identity is part of the key) that reads
+  the module's variables without updating them (updates would not be written back); remat: a
   REMAT_POLICIES name, None for none."""
   graphdef, state = nnx.split(module)
   return _pure_call(fn, graphdef, remat, state, *args)
