@@ -18,8 +18,8 @@ import os
 import time
 
 from lineax_lm.distill.config import distill_config
-from lineax_lm.eval import report
 from lineax_lm.distill.pipeline import distill, format_summary
+from lineax_lm.eval import report
 
 
 def parse_args(argv=None):
@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
   table = format_summary(summaries)
   print(table, flush=True)
   report.write_json(os.path.join(args.workdir, "compare.json"),
-                          {"table": table, "seconds": seconds, "summaries": summaries})
+                    {"table": table, "seconds": seconds, "summaries": summaries})
   return summaries
 
 

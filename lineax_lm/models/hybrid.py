@@ -30,6 +30,7 @@ from jax import lax
 from lineax_lm.layers import (Context, Dims, Packing, RMSNorm, SwiGLU, build_mixer, mixer_config,
                               mlp_width)
 from lineax_lm.layers.common import INIT_STD, cu_seqlens_from_starts, param
+from pallas_kernels.common.varlen import sequence_index
 
 REMAT_POLICIES = {
     "none": None,
@@ -131,9 +132,7 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
 
 def segment_ids_from_cu_seqlens(cu_seqlens, length: int):
   """FlashAttention-style offsets [0, ..., T] of sequences packed in one row -> segment ids [1, T]."""
-  cu = jnp.asarray(cu_seqlens, jnp.int32)
-  seg = jnp.searchsorted(cu, jnp.arange(length), side="right", method="scan_unrolled") - 1  # no loop
-  return seg[None].astype(jnp.int32)
+  return sequence_index(jnp.asarray(cu_seqlens, jnp.int32), jnp.arange(length))[None]
 
 
 def make_packing(segment_ids, max_segments: int):

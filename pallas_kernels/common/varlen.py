@@ -14,9 +14,13 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-# Loop-free binary search: the default ("scan") is a while loop, which on a GPU costs a device-to-host
-# round trip per step, in every layer of every step.
-SEARCH = "scan_unrolled"
+
+def sequence_index(offsets, positions):
+  """For each position, the index i with offsets[i] <= position < offsets[i + 1] (int32). A loop-free
+  binary search: jnp.searchsorted's default is a while loop, which on a GPU costs a device-to-host
+  round trip per step, in every layer of every training step."""
+  i = jnp.searchsorted(offsets, positions, side="right", method="scan_unrolled")
+  return i.astype(jnp.int32) - 1
 
 
 class Segments(NamedTuple):
@@ -34,7 +38,7 @@ class ChunkLayout(NamedTuple):
 def token_segments(cu_seqlens, T: int) -> Segments:
   cu = cu_seqlens.astype(jnp.int32)
   t = jnp.arange(T, dtype=jnp.int32)
-  seq = jnp.searchsorted(cu, t, side="right", method=SEARCH).astype(jnp.int32) - 1
+  seq = sequence_index(cu, t)
   starts = jnp.where(t == cu[seq], seq, -1)
   ends = jnp.where(t == cu[seq + 1] - 1, seq, -1)
   return Segments(starts, ends)
@@ -47,12 +51,11 @@ def chunk_layout(cu_seqlens, T: int, C: int) -> ChunkLayout:
   lens = cu[1:] - cu[:-1]
   first = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum((lens + C - 1) // C)])  # [N+1]
   t = jnp.arange(T, dtype=jnp.int32)
-  tseq = jnp.searchsorted(cu, t, side="right", method=SEARCH).astype(jnp.int32) - 1
+  tseq = sequence_index(cu, t)
   dst = first[tseq] * C + (t - cu[tseq])
   c = jnp.arange(n_chunks, dtype=jnp.int32)
   used = c < first[-1]
-  cseq = jnp.searchsorted(first, c, side="right", method=SEARCH).astype(jnp.int32) - 1
-  cseq = jnp.minimum(cseq, n_seq - 1)
+  cseq = jnp.minimum(sequence_index(first, c), n_seq - 1)
   starts = jnp.where(used & (c == first[cseq]), cseq, -1)
   ends = jnp.where(used & (c == first[cseq + 1] - 1), cseq, -1)
   p = jnp.arange(n_chunks * C, dtype=jnp.int32)

@@ -184,8 +184,7 @@ def test_gated_delta_rule_product_inverse_interpret():
 
   def run(config):
     def loss(*xs):
-      o, s = gdn_gpu.chunk_gated_delta_rule(*xs, scale=K ** -0.5,
-                                            interpret=True, config=config)
+      o, s = gdn_gpu.chunk_gated_delta_rule(*xs, scale=K ** -0.5, interpret=True, config=config)
       return jnp.sum(o * o) + jnp.sum(s), (o, s)
     return jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, g, beta)
 
