@@ -36,7 +36,7 @@ def _variants():
   """Configs to time: env VARIANTS="bv_state=16,warps_dqkw=8+bk_dqkw=128" (',' between variants,
   '+' between the fields of one)."""
   from pallas_kernels.gated_delta_rule.gpu import Config
-  spec = os.environ.get("VARIANTS", "wy_product=1,wy_product=1+warps_wy=8")
+  spec = os.environ.get("VARIANTS", "warps_wy=1,warps_wy_bwd=4")
   return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
                for v in spec.split(","))
 

@@ -178,35 +178,19 @@ def unit_lower_inverse_product(D):
   return X
 
 
-def block_unit_lower_inverse(A_blocks, prec=None, product: bool = False):
+def block_unit_lower_inverse(A_blocks, prec=None):
   """(I + A)^-1 of a strictly lower-triangular float32 A given as its 16 x 16 blocks.
 
   A_blocks[p][q] (q <= p < n) holds rows 16p.., columns 16q.. of A (diagonal blocks strictly lower).
-  Returns T_blocks[p][q] (q <= p) of the inverse, float32. The diagonal blocks by forward
-  substitution (row i of all n blocks in one step, so they proceed together; 15 serial steps of
-  cross-thread reductions) or, with `product`, by `unit_lower_inverse_product` (six dots each); then
-  the merge T_pq = -T_pp sum_{q <= m < p} A_pm T_mq, one sub-diagonal at a time (16 x 16 dots).
+  Returns T_blocks[p][q] (q <= p) of the inverse, float32: the diagonal blocks by
+  `unit_lower_inverse_product` (six dots each; it replaced a 15-step forward substitution whose
+  cross-thread row extractions cost more than the dots: benchmarks/NOTES.md, v3), then the merge
+  T_pq = -T_pp sum_{q <= m < p} A_pm T_mq, one sub-diagonal at a time (16 x 16 dots).
   """
   n = len(A_blocks)
-  r, c = iota((SUB, SUB), 0), iota((SUB, SUB), 1)
-  eye = (r == c).astype(F32)
-  diag = tuple(A_blocks[p][p] for p in range(n))
-
-  def row(i, Ts):
-    out = []
-    for A, Ti in zip(diag, Ts):
-      a = jnp.sum(jnp.where(r == i, A, 0.0), axis=0)  # row i of A, along columns
-      x = jnp.sum(a[:, None] * Ti, axis=0)            # (A Ti)[i, :]
-      out.append(jnp.where(r == i, eye - x[None, :], Ti))
-    return tuple(out)
-
-  if product:
-    Td = tuple(unit_lower_inverse_product(A) for A in diag)
-  else:
-    Td = lax.fori_loop(1, SUB, row, (eye,) * n)
   T = [[None] * n for _ in range(n)]
   for p in range(n):
-    T[p][p] = Td[p]
+    T[p][p] = unit_lower_inverse_product(A_blocks[p][p])
   for d in range(1, n):
     for q in range(n - d):
       p = q + d

@@ -54,8 +54,7 @@ class Config(NamedTuple):
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
   warps_state: int = 4
   stages_state: int = 2
-  warps_wy: int = 4       # forward WY/UT kernel
-  wy_product: int = 0     # 1: the WY kernel inverts its 16 x 16 diagonal blocks by the product form
+  warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost: NOTES.md v3)
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8
@@ -98,7 +97,7 @@ def _sds(shape, dtype):
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, product):
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
   """Everything in 16-row blocks: A's blocks, their inverse (T, stored for the backward), w and u."""
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
@@ -112,7 +111,7 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, product):
     for q in range(p + 1):
       L = decay(Gs[p], strict=True) if p == q else jnp.exp(Gs[p][:, None] - Gs[q][None, :])
       A[p][q] = dot_nt(ks[p], ks[q], prec) * L * bs[p][:, None]
-  T = block_unit_lower_inverse(A, prec, product)
+  T = block_unit_lower_inverse(A, prec)
   kb = [scale_rows(ks[q], bs[q] * jnp.exp(Gs[q]), dt) for q in range(n)]
   vb = [scale_rows(v_ref[rows[q], :], bs[q], dt) for q in range(n)]
   for p in range(n):
@@ -128,8 +127,7 @@ def _wy_fwd(k, v, G, beta, st: _Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_wy_fwd_kernel, product=bool(st.cfg.wy_product))
-  return _call(kern, (sp.NT, B * H),
+  return _call(_wy_fwd_kernel, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
                [_sds(k.shape, k.dtype), _sds(v.shape, k.dtype), _sds((B, T, H, CHUNK), k.dtype)], st,

@@ -60,8 +60,6 @@ def test_kernels_lower_to_triton():
   ops = {
       "chunk fwd+bwd": (lambda q, k, v, g, b: jax.grad(lambda *a: jnp.sum(
           GDN.chunk(*a, backend="gpu")[0].astype(jnp.float32)), argnums=(0, 1, 2, 3, 4))(q, k, v, g, b), x),
-      "chunk fwd, product-form inverse": (lambda q, k, v, g, b: gdn_gpu.chunk_gated_delta_rule(
-          q, k, v, g, b, scale=0.125, config=gdn_gpu.Config(wy_product=1)), x),
       "recurrent": (lambda *a: GDN.fused_recurrent(*a, backend="gpu"), x),
       "recurrent varlen": (lambda *a: GDN.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"), x + (cu,)),
   }
@@ -160,7 +158,7 @@ def test_packed_rows_under_vmap():
 
 @pytest.mark.parametrize("spread", [1.0, 0.05])   # random keys; nearly parallel keys
 def test_product_form_inverse_matches_float64(spread):
-  """The WY kernel's serial-free diagonal inverse (Config.wy_product) against numpy in float64."""
+  """The WY kernel's serial-free diagonal inverse against numpy in float64."""
   from pallas_kernels.common.gpu_utils import unit_lower_inverse_product
   rng = np.random.default_rng(7)
   k = rng.normal(size=(1, 32)) + spread * rng.normal(size=(16, 32))
@@ -169,25 +167,3 @@ def test_product_form_inverse_matches_float64(spread):
   got = np.asarray(unit_lower_inverse_product(jnp.asarray(D, jnp.float32)))
   want = np.linalg.inv(np.eye(16) + D)
   assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
-
-
-def test_gated_delta_rule_product_inverse_interpret():
-  """The whole op with Config(wy_product=1) equals the default kernels (checked against the
-  reference above) on the output, final state and every gradient."""
-  rng = np.random.default_rng(3)
-  B, T, H, K, V = 1, 96, 2, 32, 32
-  q, k = (jnp.asarray(rng.normal(size=(B, T, H, K)), jnp.float32) for _ in range(2))
-  k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
-  v = jnp.asarray(rng.normal(size=(B, T, H, V)), jnp.float32)
-  g = jnp.asarray(-rng.uniform(0.01, 0.3, (B, T, H)), jnp.float32)
-  beta = jnp.asarray(rng.uniform(0.1, 0.9, (B, T, H)), jnp.float32)
-
-  def run(config):
-    def loss(*xs):
-      o, s = gdn_gpu.chunk_gated_delta_rule(*xs, scale=K ** -0.5, interpret=True, config=config)
-      return jnp.sum(o * o) + jnp.sum(s), (o, s)
-    return jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)(q, k, v, g, beta)
-
-  (grads_a, outs_a), (grads_b, outs_b) = run(gdn_gpu.DEFAULT), run(gdn_gpu.Config(wy_product=1))
-  for a, b in zip(jax.tree.leaves((outs_a, grads_a)), jax.tree.leaves((outs_b, grads_b))):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-5)
