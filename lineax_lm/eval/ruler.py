@@ -13,7 +13,9 @@ Scoring (`evaluate_tasks`), per task and context length:
                    at a newline, scored by RULER's string_match_all (fraction of references found).
   mode="teacher_forced"  one forward pass over prompt + canonical answer: accuracy 1 iff greedy
                    decoding would emit the canonical answer verbatim (exact), plus its log-likelihood.
-                   Much cheaper on CPU; stricter (order and format must match).
+                   Much cheaper on CPU; stricter (order and format must match). The answer's leading
+                   whitespace-only tokens (the " " before "4033451") are given, not scored: a model
+                   that writes "are: 4033451" has recalled the number (SmolLM2-135M does).
 The brute-force solvers (`solve`) read only the prompt text; `score_predictions` is the one scoring
 function for model outputs and solver outputs alike.
 """
@@ -237,6 +239,17 @@ def predict(model, tokenizer, examples: Sequence[Example], batch_size: int = 8) 
   return out
 
 
+def forced_pair(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+  """(context, continuation) ids for teacher-forced scoring: the answer's leading tokens that decode
+  to whitespace alone join the context (a separator is format, not recall). Tokenizers that merge the
+  space into the first answer token (" 4") keep it in the scored part."""
+  ids = example.answer_ids.tolist()
+  n = 0
+  while n < len(ids) - 1 and not tokenizer.decode(ids[:n + 1]).strip():
+    n += 1
+  return example.prompt_ids.tolist() + ids[:n], ids[n:]
+
+
 def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEFAULT_LENGTHS,
                    num_examples: int = 20, seed: int = 0, mode: str = "generate",
                    corpus: Sequence[str] | None = None, batch_size: int = 8) -> list[dict]:
@@ -257,7 +270,7 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
       if mode == "generate":
         row["accuracy"] = score_predictions(examples, predict(model, tokenizer, examples, batch_size))
       else:
-        res = score_pairs(scorer, [(e.prompt_ids.tolist(), e.answer_ids.tolist()) for e in examples])
+        res = score_pairs(scorer, [forced_pair(tokenizer, e) for e in examples])
         row["accuracy"] = float(np.mean([g for _, g in res]))
         row["answer_logprob"] = float(np.mean([ll for ll, _ in res]))
       rows.append(row)

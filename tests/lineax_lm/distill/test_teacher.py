@@ -11,6 +11,7 @@ from lineax_lm.distill.chat import chatml_system, tokenize_chat
 from lineax_lm.distill.data import write_tokenizer
 from lineax_lm.distill.teacher import (hf_to_nnx, save_safetensors_dir, teacher_from_checkpoint,
                                        tiny_teacher, with_values)
+from lineax_lm.eval import ruler
 
 PROMPT = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 # Hugging Face transformers 5.24 (torch, CPU, float32) on the same GGUF file: last-position logits.
@@ -39,6 +40,15 @@ def test_smollm2_greedy_generation(smollm2):
   ckpt, model, _, _ = smollm2
   out = np.asarray(model.generate(jnp.asarray([PROMPT]), 2, temperature=0.0))[0]
   assert ckpt.tokenizer.decode(out[len(PROMPT):].tolist()) == " Paris."
+
+
+def test_smollm2_finds_the_needle(smollm2):
+  """The distillation's needle metric on the teacher: SmolLM2 answers "are: 4033451", and the
+  teacher-forced scoring gives it the separator (it scored 0.0 when the space was scored)."""
+  ckpt, model, _, _ = smollm2
+  rows = ruler.evaluate_tasks(model, ckpt.tokenizer, "niah_single", lengths=(256,), num_examples=4,
+                              mode="teacher_forced", batch_size=4)
+  assert rows[0]["accuracy"] == 1.0
 
 
 def test_smollm2_tokenizer_for_the_data_stack_and_chat(smollm2, tmp_path):

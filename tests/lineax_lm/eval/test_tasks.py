@@ -62,6 +62,16 @@ def test_too_short_lengths_are_reported_not_crashed():
   assert ruler.resolve_tasks("needle,vt") == list(recall.NIAH_TASKS) + ["vt"]
 
 
+def test_teacher_forced_scoring_gives_the_separator():
+  """The space before the answer joins the context, so "are: 4033451" is not a recall miss."""
+  ex = ruler.make_examples("niah_single", TOK, 512, 1, seed=0)[0]
+  ctx, cont = ruler.forced_pair(TOK, ex)
+  assert TOK.decode(ctx[len(ex.prompt_ids):]) == " " and TOK.decode(cont) == ex.answers[0]
+  assert ctx[:len(ex.prompt_ids)] == ex.prompt_ids.tolist()
+  blank = recall.make_example("x", TOK, 1, ex.prompt_ids[:1], "", ("",), "  ")
+  assert len(ruler.forced_pair(TOK, blank)[1]) == 1                # something is always scored
+
+
 def test_string_match_and_stop():
   assert scoring.string_match_all("The values are 12, 34.", ["12", "34", "56"]) == pytest.approx(2 / 3)
   assert scoring.cut_at_stop("abc\ndef", ["\n"]) == "abc"
