@@ -163,3 +163,28 @@ def test_profile_steps_write_a_summary(tmp_path):
   with open(tmp_path / "profile" / "summary.md") as f:
     summary = f.read()
   assert summary.startswith("steps 2..3: host wall") and "no device events" in summary  # CPU
+
+
+@pytest.mark.parametrize("source", ["mqar", "text"])
+def test_prefetched_batch_rewinds_for_checkpoints(source):
+  """The loop fetches batch n + 1 while step n runs; a checkpoint rewinds the iterator before it."""
+  from lineax_lm.train.trainer import _Batches
+  data = tiny_config().data
+  if source == "text":
+    data.update(dict(source="text", paths="README.md", tokenizer="byte", packing="concat"))
+  straight = make_dataset(data, seed=0, process_index=0, process_count=1)
+  want = [next(straight) for _ in range(3)]
+  batches = _Batches(make_dataset(data, seed=0, process_index=0, process_count=1), lambda b: b)
+  got = [batches.take()]
+  batches.prefetch()
+  batches.rewind()                      # as before a checkpoint: the state is after batch 0 only
+  state = batches.data_iter.get_state()
+  got += [batches.take(), batches.take()]
+  resumed = make_dataset(data, seed=0, process_index=0, process_count=1)
+  resumed.set_state(state)
+  for a, b in zip(want, got):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  again = next(resumed)                 # a run resumed from that checkpoint reads batch 1 next
+  for k in want[1]:
+    np.testing.assert_array_equal(again[k], want[1][k])
