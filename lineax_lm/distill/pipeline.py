@@ -296,10 +296,16 @@ def eval_sets(config, st: Setup) -> dict:
   return sets
 
 
+# Bumped when the scoring changes, so cached evaluations are redone: 2 = the needle's separator is
+# given, not scored (eval.ruler.forced_pair).
+EVAL_VERSION = 2
+
+
 def eval_key(config, st: Setup) -> str:
-  """What an evaluation depends on besides the model: the eval section and the text sets."""
-  return json.dumps([config.eval.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st).items()}],
-                    sort_keys=True, default=str)
+  """What an evaluation depends on besides the model: the eval section, the text sets and the
+  scoring version."""
+  return json.dumps([config.eval.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st).items()},
+                     EVAL_VERSION], sort_keys=True, default=str)
 
 
 def evaluate(config, st: Setup, student) -> dict:
