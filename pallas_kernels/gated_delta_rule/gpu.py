@@ -4,8 +4,9 @@ The math is xla.py's chunked WY/UT form (README.md); here each stage is a kernel
 
 forward
   1. `_wy_fwd`     grid (NT, B*H), in 16-row blocks: A = strict(beta k k^T exp(G_i - G_j)),
-                   T = (I + A)^-1 (float32: 16x16 diagonal blocks by a product form, then merges; stored in the
-                   input dtype for the backward, as fla does), w = T (beta exp(G) k), u = T (beta v).
+                   T = (I + A)^-1 (float32: 16x16 diagonal blocks by a product form, then merges;
+                   stored in the input dtype for the backward, as fla does), w = T (beta exp(G) k),
+                   u = T (beta v).
   2. `_state_pass` grid (B*H, V/BV): the chunk loop, float32 state [K, BV] in registers, output fused:
                    v' = u - w S;  o = scale exp(G) q S + P v';  S = exp(G_C) S + (exp(G_C - G) k)^T v'
                    with P = lower(scale q k^T exp(G_i - G_j)).
