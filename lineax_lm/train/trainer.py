@@ -18,6 +18,7 @@ import signal
 import time
 from typing import Any, Callable
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -225,32 +226,6 @@ class _StopSignal:
       signal.signal(sig, handler)
 
 
-class _Batches:
-  """Training batches, the next one fetched and placed on the devices while the current step runs.
-
-  The loop reads each step's `ok` flag, which waits for the device; fetching the next batch before
-  that wait lets the host's data work (packing, transfer) overlap the device's step. `rewind()` puts
-  the iterator back before a fetched batch, so a checkpoint records the position that goes with the
-  state it saves (exact resume); the batch is fetched again after it."""
-
-  def __init__(self, data_iter, put):
-    self.data_iter, self._put, self._pending = data_iter, put, None
-
-  def prefetch(self):
-    if self._pending is None:
-      self._pending = (self.data_iter.get_state(), self._put(next(self.data_iter)))
-
-  def take(self):
-    self.prefetch()
-    batch, self._pending = self._pending[1], None
-    return batch
-
-  def rewind(self):
-    if self._pending is not None:
-      self.data_iter.set_state(self._pending[0])
-      self._pending = None
-
-
 def eval_batches(config, dataset=make_dataset):
   """The held-out batches of `config.eval` (a different seed from training), fixed for the run."""
   if not config.eval.steps:
@@ -285,8 +260,12 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
   # outside set_mesh: eval_shape would read logical names as mesh axes
   trainer = Trainer(config, model_cfg, mesh, objective)
   with jax.set_mesh(mesh):
-    data_iter = dataset(config.data, seed=config.seed, process_index=jax.process_index(),
-                             process_count=jax.process_count())
+    # The next batch is packed in a background thread while the device runs the current step (the
+    # loop waits for each step's `ok`); grain keeps each batch's iterator state, so a checkpoint
+    # records the position of the batches consumed, not of those fetched ahead.
+    data_iter = grain.experimental.ThreadPrefetchDatasetIterator(
+        dataset(config.data, seed=config.seed, process_index=jax.process_index(),
+                process_count=jax.process_count()), 1)
     mngr = checkpoint.manager(workdir, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
     if mngr.latest_step() is not None:
       state, step = checkpoint.restore(mngr, trainer.abstract_state(), data_iter,
@@ -302,19 +281,15 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
     peak = metrics_lib.peak_flops_per_device()
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     summary, window_start, window_steps = {}, time.perf_counter(), 0
-    batches = _Batches(data_iter, trainer.put_batch)
     try:
       with _StopSignal() as stop:
         while step < t.steps:
           if t.profile_steps and step == t.profile_start:
             jax.profiler.start_trace(os.path.join(workdir, "profile"))
             profile_start = time.perf_counter()
-          new_state, m = trainer.train_step(state, batches.take())
-          if step + 1 < t.steps:
-            batches.prefetch()
+          new_state, m = trainer.train_step(state, trainer.put_batch(next(data_iter)))
           if not bool(m["ok"]):
             state = new_state  # unchanged by the step: the last good state
-            batches.rewind()
             checkpoint.save(mngr, step, state, data_iter, config, force=True)
             mngr.wait_until_finished()
             raise TrainingStopped(f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
@@ -338,7 +313,6 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
             summary.update(trainer.evaluate(state["params"], evals))
             writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
           if step % t.checkpoint_every == 0 or step == t.steps or stop.requested:
-            batches.rewind()
             checkpoint.save(mngr, step, state, data_iter, config, force=True)
           if stop.requested:
             log.warning("%s received: saved step %d in %s; rerun the same command to resume",
@@ -350,6 +324,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
     finally:
       mngr.wait_until_finished()
       mngr.close()
+      data_iter.close()
       writer.close()
   summary["step"] = step
   summary["num_params"] = trainer.num_params

@@ -166,20 +166,22 @@ def test_profile_steps_write_a_summary(tmp_path):
 
 
 @pytest.mark.parametrize("source", ["mqar", "text"])
-def test_prefetched_batch_rewinds_for_checkpoints(source):
-  """The loop fetches batch n + 1 while step n runs; a checkpoint rewinds the iterator before it."""
-  from lineax_lm.train.trainer import _Batches
+def test_prefetched_batches_keep_the_checkpoint_position(source):
+  """The trainer's iterator packs batches ahead in a thread; its state is that of the batches
+  consumed, so a checkpoint resumes at the next one."""
+  import grain
   data = tiny_config().data
   if source == "text":
     data.update(dict(source="text", paths="README.md", tokenizer="byte", packing="concat"))
   straight = make_dataset(data, seed=0, process_index=0, process_count=1)
   want = [next(straight) for _ in range(3)]
-  batches = _Batches(make_dataset(data, seed=0, process_index=0, process_count=1), lambda b: b)
-  got = [batches.take()]
-  batches.prefetch()
-  batches.rewind()                      # as before a checkpoint: the state is after batch 0 only
-  state = batches.data_iter.get_state()
-  got += [batches.take(), batches.take()]
+  ahead = grain.experimental.ThreadPrefetchDatasetIterator(
+      make_dataset(data, seed=0, process_index=0, process_count=1), 1)
+  got = [next(ahead)]
+  time.sleep(0.2)                       # the thread has fetched batch 1 (and waits to put 2)
+  state = ahead.get_state()             # what a checkpoint after step 1 records
+  got += [next(ahead), next(ahead)]
+  ahead.close()
   resumed = make_dataset(data, seed=0, process_index=0, process_count=1)
   resumed.set_state(state)
   for a, b in zip(want, got):
