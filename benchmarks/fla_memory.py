@@ -6,7 +6,10 @@ for benchmarks/ops.py's ratios. Torch + flash-linear-attention only; run on the 
                                                          # writes DIR/fla_memory.json
 
 Inputs as fla_ops_h200.py draws them (bf16 q, k, v; unit-norm k; float32 log-sigmoid gates and
-sigmoid beta); EXTRAS=1 adds GDN at T in {2048, 8192, 32768} (65,536 tokens per step, timed too).
+sigmoid beta); EXTRAS=1 times GDN's fwd+bwd at the anchor shape and at T in LENGTHS (default
+2048,8192,32768; 65,536 tokens per step), each with its device-busy time: the sum of the CUDA kernels'
+durations in a torch.profiler trace, per step. Wall time well above busy time means the host
+(Python, autograd, Triton's launcher) is what a step waits for, not the GPU.
 Peak = torch.cuda.max_memory_allocated during one fwd+bwd (inputs, do and gradients
 included), gradients with respect to every input.
 """
@@ -15,6 +18,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import fla.ops.common.chunk_o as _co
@@ -39,6 +43,21 @@ def inputs(B, T, H, K, V, seed=0):
   return d
 
 
+def device_busy_ms(step, steps=20, table_path=None):
+  """Mean per step of the summed durations of the CUDA kernels that `step` launches; table_path:
+  where to write the per-kernel table (fla's stages, to set beside ops.py --profile)."""
+  with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(steps):
+      step()
+    torch.cuda.synchronize()
+  kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+  if table_path:
+    with open(table_path, "w") as f:
+      for e in sorted(kernels, key=lambda e: -e.device_time_total):
+        f.write(f"{e.device_time_total / 1e3 / steps:8.3f} ms/step  {e.count // steps:3d}x  {e.key[:110]}\n")
+  return sum(e.device_time_total for e in kernels) / 1e3 / steps
+
+
 def measure(name, B, T, H=16, K=128, V=128, timing=False):
   d = inputs(B, T, H, K, V)
   fn = OPS[name]
@@ -55,6 +74,11 @@ def measure(name, B, T, H=16, K=128, V=128, timing=False):
   r = dict(peak_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 3))
   if timing:
     r["fwdbwd_ms"] = do_bench(step, warmup=50, rep=200, return_mode="median")
+    try:
+      r["busy_ms"] = device_busy_ms(step, table_path=os.path.join(
+          os.environ.get("RESULTS_DIR", "results"), f"fla_kernels_{name}_B{B}_T{T}.txt"))
+    except Exception as e:  # the profiler's API moves between torch versions; the time above stands
+      r["busy_error"] = repr(e)[:200]
   del d, o, do
   torch.cuda.empty_cache()
   return r
@@ -73,8 +97,11 @@ def main():
       except Exception as e:  # one op's failure must not cost the others' figures
         res[name] = {"4096": dict(error=repr(e)[:300])}
       print(name, res[name], flush=True)
-  for T in ((2048, 8192, 32768) if os.environ.get("EXTRAS", "0") == "1" else ()):
-    res["gated_delta_rule"][str(T)] = measure("gated_delta_rule", 65536 // T, T, timing=True)
+  if os.environ.get("EXTRAS", "0") == "1":
+    res.setdefault("gated_delta_rule", {})["4096"] = measure("gated_delta_rule", 4, 4096, timing=True)
+    for T in map(int, os.environ.get("LENGTHS", "2048,8192,32768").split(",")):
+      res["gated_delta_rule"][str(T)] = measure("gated_delta_rule", 65536 // T, T, timing=True)
+      print(T, res["gated_delta_rule"][str(T)], flush=True)
   print(json.dumps(res))
   json.dump(res, open(os.path.join(out, "fla_memory.json"), "w"), indent=1)
 

@@ -131,7 +131,7 @@ def stage_profile(inputs, config=None):
   dh, dvn, _ = jax.jit(stages["bwd.dh"][0])(q, k, w, do, G)
   stages["bwd.dqkw"] = (lambda q, k, G, h, dh, do, vn, dvn: gpu._bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st),
                         (q, k, G, h, dh, do, vn, dvn))
-  dq, dk1, dw, dG1 = jax.jit(stages["bwd.dqkw"][0])(*stages["bwd.dqkw"][1])
+  dq, dk1, dG1, dw = jax.jit(stages["bwd.dqkw"][0])(*stages["bwd.dqkw"][1])
   stages["bwd.wy"] = (lambda k, v, G, b, Ti, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, Ti, dw, dvn, dk1, dG1, st),
                       (k, v, G, b, Tinv, dw, dvn, dk1, dG1))
   return {name: device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
@@ -156,6 +156,7 @@ def main(argv=None):
   p.add_argument("--profile", action="store_true")
   p.add_argument("--variants", action="store_true")
   p.add_argument("--scaling", action="store_true")
+  p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
   p.add_argument("--interpret", action="store_true")
   p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
   p.add_argument("--shape", default="4,4096,16,128,128", help="B,T,H,K,V")
@@ -170,6 +171,10 @@ def main(argv=None):
     return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla, fla_mem)
   inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
   res = dict(rows=[], profile={}, variants=[], scaling=[])
+  os.makedirs(a.out, exist_ok=True)
+
+  def save():  # after every figure: what was measured survives a timeout of the device call
+    json.dump(res, open(os.path.join(a.out, "ops.json"), "w"), indent=1)
 
   def run(label, f, *args, **kw):
     try:
@@ -181,27 +186,29 @@ def main(argv=None):
       print(label, "ERROR", repr(e)[:300], flush=True)
       return dict(error=repr(e)[:300])
 
-  for name in a.ops.split(","):
+  for name in filter(None, a.ops.split(",")):  # --ops "": only what the other flags ask for
     for backend in a.backends.split(","):
       r = run(f"{name}/{backend}", time_op, name, backend, inputs)
       res["rows"].append(dict(op=name, backend=backend, **r))
+      save()
   if a.profile:
     res["profile"] = run("profile", stage_profile, inputs) or {}
+    save()
   if a.variants:
     VARIANTS = _variants()
     for cfg in VARIANTS:
       r = run(f"variant {cfg}", time_op, "gated_delta_rule", "gpu", inputs, config=cfg, memory=False)
       res["variants"].append(dict(config=cfg._asdict(), **r))
+      save()
   if a.scaling:
     del inputs
-    for Tl in (2048, 8192, 32768):
+    for Tl in map(int, a.lengths.split(",")):
       inp = make_inputs(65536 // Tl, Tl, H, K, V, jnp.bfloat16)
-      for backend in a.backends.split(","):
+      for backend in sorted(a.backends.split(","), key=lambda b: b == "xla"):  # xla last: the slowest
         r = run(f"scaling T={Tl} {backend}", time_op, "gated_delta_rule", backend, inp)
         res["scaling"].append(dict(T=Tl, backend=backend, **r))
+        save()
       del inp
-  os.makedirs(a.out, exist_ok=True)
-  json.dump(res, open(os.path.join(a.out, "ops.json"), "w"), indent=1)
   print_tables(res, fla, fla_mem)
 
 
