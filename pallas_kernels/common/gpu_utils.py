@@ -68,8 +68,10 @@ def chunk_cumsum(x, C: int, reverse: bool = False):
 class Specs:
   """BlockSpecs for arrays of a [B, T, H, ...] problem with H heads and chunk size C.
 
-  `chunk_*` specs index a chunk-parallel grid (n, bh); `seq_*` specs a state-pass grid (bh, iv)
-  whose blocks span the whole (padded) time axis T.
+  `chunk_*` specs index a chunk-parallel grid (n, bh); `seq_*` specs a state-pass grid (iv, bh)
+  whose blocks span the whole (padded) time axis T. The value tile iv is the first grid axis, which
+  the Triton launch varies fastest: the programs of one head run side by side and share its keys
+  through L2 (with bh first, at 2,048 programs they ran a wave apart and each read them from HBM).
   """
 
   def __init__(self, H: int, C: int, T: int):
@@ -83,8 +85,8 @@ class Specs:
   def seq_tok(self, D, tiled=False):
     H = self.H
     if tiled:  # D is the value tile BV: block iv of the last axis
-      return pl.BlockSpec((None, self.T, None, D), lambda bh, iv: (bh // H, 0, bh % H, iv))
-    return pl.BlockSpec((None, self.T, None, D), lambda bh, iv: (bh // H, 0, bh % H, 0))
+      return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, iv))
+    return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, 0))
 
   # gates [B, H, T] (float32)
   def chunk_gate(self):
@@ -93,7 +95,7 @@ class Specs:
 
   def seq_gate(self):
     H = self.H
-    return pl.BlockSpec((None, None, self.T), lambda bh, iv: (bh // H, bh % H, 0))
+    return pl.BlockSpec((None, None, self.T), lambda iv, bh: (bh // H, bh % H, 0))
 
   # per-chunk states [B, NT, H, K, V]
   def chunk_state(self, K, V):
@@ -102,18 +104,18 @@ class Specs:
 
   def seq_state(self, K, BV):
     H = self.H
-    return pl.BlockSpec((None, self.NT, None, K, BV), lambda bh, iv: (bh // H, 0, bh % H, 0, iv))
+    return pl.BlockSpec((None, self.NT, None, K, BV), lambda iv, bh: (bh // H, 0, bh % H, 0, iv))
 
   # initial / final states [N, H, K, V]: one per program (batch b) or all N (varlen, B == 1)
   def seq_h0(self, K, BV, N=None):
     H = self.H
     if N is None:
-      return pl.BlockSpec((None, None, K, BV), lambda bh, iv: (bh // H, bh % H, 0, iv))
-    return pl.BlockSpec((N, None, K, BV), lambda bh, iv: (0, bh % H, 0, iv))
+      return pl.BlockSpec((None, None, K, BV), lambda iv, bh: (bh // H, bh % H, 0, iv))
+    return pl.BlockSpec((N, None, K, BV), lambda iv, bh: (0, bh % H, 0, iv))
 
   # per-chunk int32 flags [NT] (varlen segment starts / ends)
   def seq_flags(self):
-    return pl.BlockSpec((self.NT,), lambda bh, iv: (0,))
+    return pl.BlockSpec((self.NT,), lambda iv, bh: (0,))
 
 
 # --- kernel side ---------------------------------------------------------------------------------

@@ -219,7 +219,7 @@ def _state_pass(q, k, w, u, G, h0, starts, ends, st: _Static, want_o: bool):
   else:
     out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + st.delta]
     out_shape = [_sds((B, sp.NT, H, K, V), k.dtype), _sds((B, T, H, V), k.dtype)][:1 + st.delta]
-  return _call(kern, (B * H, V // BV), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
+  return _call(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
                st.cfg.stages_state, aliases)(*args)
 
 
@@ -287,7 +287,7 @@ def _dh_pass(q, k, w, do, G, dht, starts, ends, st: _Static):
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, varlen_=st.varlen, delta=st.delta)
-  return _call(kern, (B * H, V // BV), in_specs,
+  return _call(kern, (V // BV, B * H), in_specs,
                [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                [_sds((B, sp.NT, H, K, V), k.dtype), _sds(do.shape, k.dtype), _sds(dht.shape, F32)],
                st, st.cfg.warps_state, st.cfg.stages_state, aliases)(*args)
@@ -343,13 +343,14 @@ def _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st: _Static):
   NK = K // BK
   C = CHUNK
   kern = functools.partial(_bwd_dqkw_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
-  tok = lambda D, tile: pl.BlockSpec((None, C, None, D), lambda n, bh, ik: (bh // H, n, bh % H, ik if tile else 0))
-  state = pl.BlockSpec((None, None, None, BK, V), lambda n, bh, ik: (bh // H, n, bh % H, ik, 0))
-  gate = pl.BlockSpec((None, None, C), lambda n, bh, ik: (bh // H, bh % H, n))
-  dgate = pl.BlockSpec((None, None, None, C), lambda n, bh, ik: (ik, bh // H, bh % H, n))
+  tok = lambda D, tile: pl.BlockSpec((None, C, None, D), lambda ik, n, bh: (bh // H, n, bh % H, ik if tile else 0))
+  state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))
+  gate = pl.BlockSpec((None, None, C), lambda ik, n, bh: (bh // H, bh % H, n))
+  dgate = pl.BlockSpec((None, None, None, C), lambda ik, n, bh: (ik, bh // H, bh % H, n))
   outs = [(tok(BK, True), _sds(q.shape, q.dtype)), (tok(BK, True), _sds(q.shape, F32 if st.delta else q.dtype)),
           (dgate, _sds((NK, *G.shape), F32))] + [(tok(BK, True), _sds(q.shape, q.dtype))] * st.delta
-  dq, dk, dG, *dw = _call(kern, (T // C, B * H, NK),
+  dq, dk, dG, *dw = _call(kern, (NK, T // C, B * H),  # key tiles of a chunk side by side (L2)
+                         
                           [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,
                           [o[0] for o in outs], [o[1] for o in outs],
                           st, st.cfg.warps_dqkw, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
