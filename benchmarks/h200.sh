@@ -2,7 +2,8 @@
 # One device call on the H200 host: ours, then fla's figures (same run), ratios, then the GPU tests.
 #   bash benchmarks/h200.sh [OPS_ARGS...]     needs .fla/ with the fla wheels and fla_ops_h200.py
 # Env: FLA_ONLY (fla op names), TESTS (pytest -k expression; "none" skips), T_OPS / T_FLA / T_FLAMEM /
-# T_TESTS timeouts in seconds; EXTRAS=1: fla_memory.py also times fla's GDN at the --scaling lengths.
+# T_TESTS timeouts in seconds; EXTRAS=1: fla_memory.py also times fla's GDN (step and device-busy time)
+# at the anchor shape and the --scaling lengths (LENGTHS).
 # fla autotunes every kernel on a fresh machine (150-300 s an op family): its choices (Triton's
 # *.autotune.json, kept because fla sets cache_results) come back as $OUT/fla_autotune.tgz; put that
 # file in .fla/ and later calls start from them.
