@@ -89,16 +89,18 @@ def main():
   os.makedirs(out, exist_ok=True)
   # fla_ops_h200.py's names may carry a note in brackets: "simple_gla(mamba2-like)"
   only = [n.split("(")[0] for n in os.environ.get("ONLY", ",".join(OPS)).split(",")]
+  extras = os.environ.get("EXTRAS", "0") == "1"
+  if extras:
+    only.append("gated_delta_rule")  # the op EXTRAS times
   res = {}
   for name in OPS:
     if name in only:
       try:
-        res[name] = {"4096": measure(name, 4, 4096)}
+        res[name] = {"4096": measure(name, 4, 4096, timing=extras and name == "gated_delta_rule")}
       except Exception as e:  # one op's failure must not cost the others' figures
         res[name] = {"4096": dict(error=repr(e)[:300])}
       print(name, res[name], flush=True)
-  if os.environ.get("EXTRAS", "0") == "1":
-    res.setdefault("gated_delta_rule", {})["4096"] = measure("gated_delta_rule", 4, 4096, timing=True)
+  if extras:
     for T in map(int, os.environ.get("LENGTHS", "2048,8192,32768").split(",")):
       res["gated_delta_rule"][str(T)] = measure("gated_delta_rule", 65536 // T, T, timing=True)
       print(T, res["gated_delta_rule"][str(T)], flush=True)

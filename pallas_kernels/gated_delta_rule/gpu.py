@@ -7,17 +7,18 @@ forward
                    T = (I + A)^-1 (float32: 16x16 diagonal blocks by a product form, then merges;
                    stored in the input dtype for the backward, as fla does), w = T (beta exp(G) k),
                    u = T (beta v).
-  2. `_state_pass` grid (B*H, V/BV): the chunk loop, float32 state [K, BV] in registers, output fused:
+  2. `_state_pass` grid (V/BV, B*H): the chunk loop, float32 state [K, BV] in registers, output fused:
                    v' = u - w S;  o = scale exp(G) q S + P v';  S = exp(G_C) S + (exp(G_C - G) k)^T v'
                    with P = lower(scale q k^T exp(G_i - G_j)).
 backward (residuals: the inputs, w, u and T; states are recomputed, never stored by the forward)
   3. `_state_pass` again, storing the chunk-start states h [B, NT, H, K, V] and v' in the input dtype.
-  4. `_dh_pass`    grid (B*H, V/BV), chunks in reverse: dh (the state gradient at each chunk end),
+  4. `_dh_pass`    grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each chunk end),
                    dv' = P^T do + exp(G_C - G) k dh,  dh <- exp(G_C) dh + (scale exp(G) q)^T do - w^T dv'.
-  5. `_bwd_dqkw`   grid (NT, B*H, K/BK): dq, the P- and state-parts of dk, dw = -dv' h^T, and dG.
+  5. `_bwd_dqkw`   grid (K/BK, NT, B*H): dq, the P- and state-parts of dk, dw = -dv' h^T, and dG.
   6. `_bwd_wy`     grid (NT, B*H): back through w, u and T (dA = -T^T dT T^T): dk, dv, dbeta and the
-                   rest of dG;
-                   dg is the reverse chunk-local cumsum of dG.
+                   rest of dG; dg is the reverse chunk-local cumsum of dG.
+The tile axis comes first in the grids of 2-5: Triton launches axis 0 fastest, so the programs that
+read the same keys (one head, one chunk) run side by side and share them through L2.
 
 Without beta (`run_chunk(..., beta=None)`) the same kernels run S_t = exp(g_t) S_{t-1} + k_t v_t^T
 (simple GLA, pallas_kernels/simple_gla/gpu.py): no WY kernel, w = 0 and v' = u = v.
@@ -349,8 +350,7 @@ def _bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st: _Static):
   dgate = pl.BlockSpec((None, None, None, C), lambda ik, n, bh: (ik, bh // H, bh % H, n))
   outs = [(tok(BK, True), _sds(q.shape, q.dtype)), (tok(BK, True), _sds(q.shape, F32 if st.delta else q.dtype)),
           (dgate, _sds((NK, *G.shape), F32))] + [(tok(BK, True), _sds(q.shape, q.dtype))] * st.delta
-  dq, dk, dG, *dw = _call(kern, (NK, T // C, B * H),  # key tiles of a chunk side by side (L2)
-                         
+  dq, dk, dG, *dw = _call(kern, (NK, T // C, B * H),
                           [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,
                           [o[0] for o in outs], [o[1] for o in outs],
                           st, st.cfg.warps_dqkw, st.cfg.stages_chunk)(q, k, G, h, dh, do, vn, dvn)
