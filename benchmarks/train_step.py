@@ -4,8 +4,8 @@
     python benchmarks/train_step.py --presets gated_deltanet_340m_fla --batch 8 --seq 4096
 
 Runs lineax_lm.train.trainer.Trainer's jitted step (AdamW, clipping, bf16 activations with float32
-master weights) on random tokens, as ../shared/bench/fla_model_h200.py does for fla's
-GatedDeltaNetForCausalLM (B=8, T=4096, vocab 32,000: 89.8k tokens/s, 54.8 GiB on the H200).
+master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM timed the same way
+with torch (B=8, T=4096, vocab 32,000: 89.8k tokens/s, 54.8 GiB on the H200; benchmarks/NOTES.md).
 MFU uses 6 N FLOPs per token with N all parameters (the anchor's convention) over the device's dense
 bf16 peak. Defaults: the fla-matched 340M Gated DeltaNet and the same model with attention at every
 4th layer (3:1).
@@ -21,8 +21,9 @@ import time
 import jax
 import numpy as np
 
+from lineax_lm import sharding
 from lineax_lm.models.presets import get_preset
-from lineax_lm.train import metrics, sharding
+from lineax_lm.train import metrics
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, validate_config
 

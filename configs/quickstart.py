@@ -11,7 +11,7 @@ sweep. On 2 CPU cores a variant trains in one to three minutes (the four: ~6 min
 rule, the hybrid and the Transformer well above linear attention (the table in README.md was
 measured with this config). The same command uses a GPU or TPU when present.
 """
-from lineax_lm.eval.sweep import equal_state_mixer_cfg
+from lineax_lm.models.presets import equal_state_mixer_cfg
 from lineax_lm.train.config import base_config
 
 VARIANTS = {  # model overrides and learning rate

@@ -3,7 +3,7 @@
     python -m pallas_kernels.bench                      # every op, xla path, a size that fits the device
     python -m pallas_kernels.bench --backends xla,gpu --B 4 --T 4096 --H 16 --K 128 --V 128
 
-Defaults: the anchor shape of ../shared/anchors/H200.md (B=4, T=4096, H=16, K=V=128, bf16 inputs,
+Defaults: the anchor shape of docs/DESIGN.md (B=4, T=4096, H=16, K=V=128, bf16 inputs,
 float32 gates) on an accelerator, a small shape (B=2, T=1024, H=4, K=V=64) on CPU. Median of
 `--iters` timed calls after two warm-ups; fwd+bwd is the gradient of sum(o * do) w.r.t. every input.
 """
@@ -98,7 +98,7 @@ def main(argv=None):
                          fwdbwd_Mtok_s=tokens / fb / 1e3))
       except (ModuleNotFoundError, ValueError) as e:
         rows.append(dict(op=name, backend=backend, error=str(e).splitlines()[0][:70]))
-  print(f"\n| op | backend | fwd ms | fwd+bwd ms | fwd+bwd Mtok/s |\n|---|---|---|---|---|")
+  print("\n| op | backend | fwd ms | fwd+bwd ms | fwd+bwd Mtok/s |\n|---|---|---|---|---|")
   for r in rows:
     if "error" in r:
       print(f"| {r['op']} | {r['backend']} | - | - | {r['error']} |")

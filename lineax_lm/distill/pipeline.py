@@ -31,6 +31,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from lineax_lm import sharding
 from lineax_lm.data.pipeline import make_dataset, make_tokenizer
 from lineax_lm.distill import chat, data as distill_data, losses
 from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
@@ -38,7 +39,7 @@ from lineax_lm.distill.student import init_student, linear_layers, student_confi
 from lineax_lm.distill.teacher import save_safetensors_dir, teacher_from_checkpoint, tiny_teacher
 from lineax_lm.eval import report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
-from lineax_lm.train import checkpoint, sharding
+from lineax_lm.train import checkpoint
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Objective, Trainer, train_and_evaluate
 

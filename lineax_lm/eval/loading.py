@@ -9,9 +9,10 @@ from __future__ import annotations
 import ml_collections
 from flax import nnx
 
+from lineax_lm import sharding
 from lineax_lm.data.pipeline import make_tokenizer
 from lineax_lm.models.hybrid import HybridLM, ModelConfig
-from lineax_lm.train import checkpoint, sharding
+from lineax_lm.train import checkpoint
 
 
 def load_config(workdir: str, step: int | None = None) -> ml_collections.ConfigDict:

@@ -32,26 +32,7 @@ import ml_collections
 
 from lineax_lm.eval import efficiency, report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
-
-KEY_VALUE_HEADS = ("gated_deltanet", "kda")                     # head_dim, expand_v
-EXPAND_KV = ("linear_attn", "retention", "simple_gla", "mamba2", "gla", "deltanet", "rwkv6")
-
-
-def equal_state_mixer_cfg(mixer: str, width: int, heads: int) -> dict:
-  """Mixer options giving a state of `heads` x (width / heads) x (width / heads) per layer."""
-  if width % heads:
-    raise ValueError(f"sweep: width {width} is not divisible by `heads` = {heads}")
-  d = width // heads
-  if mixer in KEY_VALUE_HEADS:
-    return dict(num_heads=heads, head_dim=d, expand_v=1.0)
-  if mixer in EXPAND_KV:
-    return dict(num_heads=heads, expand_k=1.0, expand_v=1.0)
-  if mixer == "hgrn2":
-    return dict(expand_ratio=d)
-  if mixer == "mlstm":
-    return dict(num_heads=heads, proj_factor=1.0, round_to=1)
-  return {}  # hgrn: an elementwise state of width D
-
+from lineax_lm.models.presets import equal_state_mixer_cfg
 
 def mixer_specs(sweep) -> list[tuple[str, dict]]:
   """(label, spec) pairs: the `mixers` entries, crossed with `ratios` when the sweep has them (label

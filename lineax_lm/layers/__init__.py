@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from lineax_lm.layers.common import Context, Dims, MixerConfig, Packing, RMSNorm, SwiGLU, mlp_width
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, Packing, RMSNorm, SwiGLU,
+                                     mlp_width)
 
 MIXERS = {
     "attention": ("attention", "Attention", "AttentionConfig", {}),
@@ -51,10 +52,10 @@ def mixer_config(name: str, **overrides) -> MixerConfig:
   return config_cls(**{**defaults, **overrides})
 
 
-def build_mixer(name: str, cfg: MixerConfig, dims: Dims, rngs):
+def build_mixer(name: str, cfg: MixerConfig, spec: LayerSpec, rngs):
   layer_cls, _, _ = _lookup(name)
-  return layer_cls(cfg, dims, rngs)
+  return layer_cls(cfg, spec, rngs)
 
 
-__all__ = ["MIXERS", "LINEAR_MIXERS", "Context", "Dims", "MixerConfig", "Packing", "RMSNorm", "SwiGLU",
-           "build_mixer", "mixer_config", "mlp_width"]
+__all__ = ["MIXERS", "LINEAR_MIXERS", "Context", "LayerSpec", "MixerConfig", "Packing", "RMSNorm",
+           "SwiGLU", "build_mixer", "mixer_config", "mlp_width"]

@@ -15,7 +15,8 @@ from flax import nnx
 from jax import lax
 
 from lineax_lm.layers.base import ctx_or_default
-from lineax_lm.layers.common import Context, Dims, MixerConfig, dense, merge_heads, rope, split_heads
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, rope,
+                                     split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,8 @@ def attention_mask(q_pos, k_pos, window=None, q_ids=None, k_ids=None):
 class Attention(nnx.Module):
   """Llama attention. x: [B, L, D] -> ([B, L, D], new KV cache or None)."""
 
-  def __init__(self, cfg: AttentionConfig, dims: Dims, rngs: nnx.Rngs):
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: AttentionConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    D, H = spec.hidden, cfg.num_heads
     Hkv = cfg.num_kv_heads or H
     if H % Hkv:
       raise ValueError(f"`num_heads` {H} must be a multiple of `num_kv_heads` {Hkv}")
@@ -55,12 +56,12 @@ class Attention(nnx.Module):
       raise ValueError(f"RoPE needs an even head dim; got {self.head_dim}")
     if cfg.window is not None and cfg.window < 1:
       raise ValueError(f"`window` must be >= 1 or None; got {cfg.window}")
-    self.cfg, self.dims, self.num_kv_heads = cfg, dims, Hkv
+    self.cfg, self.spec, self.num_kv_heads = cfg, spec, Hkv
     kv = Hkv * self.head_dim
-    self.q_proj = dense(D, H * self.head_dim, ("embed", "heads"), dims, rngs, bias=cfg.qkv_bias)
-    self.k_proj = dense(D, kv, ("embed", "kv_heads"), dims, rngs, bias=cfg.qkv_bias)
-    self.v_proj = dense(D, kv, ("embed", "kv_heads"), dims, rngs, bias=cfg.qkv_bias)
-    self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), dims, rngs)
+    self.q_proj = dense(D, H * self.head_dim, ("embed", "heads"), spec, rngs, bias=cfg.qkv_bias)
+    self.k_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
+    self.v_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
+    self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), spec, rngs)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):
     cfg = self.cfg
@@ -90,10 +91,10 @@ class Attention(nnx.Module):
 
   def init_cache(self, batch: int, max_len: int, dtype=None):
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
-    dtype = dtype or self.dims.dtype
+    dtype = dtype or self.spec.dtype
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
   def cache_bytes(self, context_len: int, dtype=None) -> int:
     """2 * kv_heads * head_dim * bytes per token, for `context_len` tokens of one sequence."""
-    itemsize = jnp.dtype(dtype or self.dims.dtype).itemsize
+    itemsize = jnp.dtype(dtype or self.spec.dtype).itemsize
     return 2 * self.num_kv_heads * self.head_dim * itemsize * context_len

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lineax_lm.layers.common import (F32, Context, Dims, GatedRMSNorm, MixerConfig, RMSNorm, ShortConv,
-                                     dense, merge_heads, split_heads)
+from lineax_lm.layers.common import (F32, Context, LayerSpec, GatedRMSNorm, MixerConfig, RMSNorm,
+                                     ShortConv, dense, merge_heads, split_heads)
 
 
 class LinearMixer(nnx.Module):
@@ -23,15 +23,15 @@ class LinearMixer(nnx.Module):
   uses_lower_bound = False  # HGRN / HGRN-2 take a lower bound on the forget gate from the model
   state_shapes: tuple = ()
 
-  def _setup(self, cfg: MixerConfig, dims: Dims):
-    self.cfg, self.dims = cfg, dims
+  def _setup(self, cfg: MixerConfig, spec: LayerSpec):
+    self.cfg, self.spec = cfg, spec
     self.conv_names: tuple = ()   # layers with a `<name>_conv1d` ShortConv
     self.conv_states: tuple = ()  # (name, rows, channels) of every cached input window
 
   def _make_conv(self, name: str, channels: int, rngs, activation: str | None = "silu",
                  width: int | None = None, bias: bool | None = None):
     cfg = self.cfg
-    conv = ShortConv(channels, width or cfg.conv_size, self.dims, rngs,
+    conv = ShortConv(channels, width or cfg.conv_size, self.spec, rngs,
                      bias=cfg.conv_bias if bias is None else bias, activation=activation)
     setattr(self, f"{name}_conv1d", conv)
     self.conv_names = self.conv_names + (name,)
@@ -44,12 +44,12 @@ class LinearMixer(nnx.Module):
     if key_dim % num_heads or value_dim % num_heads:
       raise ValueError(f"{type(self).__name__}: key dim {key_dim} and value dim {value_dim} must be "
                        f"divisible by `num_heads` = {num_heads}")
-    D, dims = self.dims.hidden, self.dims
+    D, spec = self.spec.hidden, self.spec
     self.key_dim, self.value_dim = key_dim, value_dim
     self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
-    self.q_proj = dense(D, key_dim, ("embed", "heads"), dims, rngs)
-    self.k_proj = dense(D, key_dim, ("embed", "heads"), dims, rngs)
-    self.v_proj = dense(D, value_dim, ("embed", "heads"), dims, rngs)
+    self.q_proj = dense(D, key_dim, ("embed", "heads"), spec, rngs)
+    self.k_proj = dense(D, key_dim, ("embed", "heads"), spec, rngs)
+    self.v_proj = dense(D, value_dim, ("embed", "heads"), spec, rngs)
     if self.cfg.use_short_conv:
       self._make_conv("q", key_dim, rngs, qk_conv_act)
       self._make_conv("k", key_dim, rngs, qk_conv_act)
@@ -81,14 +81,14 @@ class LinearMixer(nnx.Module):
   def _make_output(self, value_dim: int, head_v_dim: int, rngs, *, gate: bool = True,
                    activation: str = "swish", g_proj=None):
     """o_norm (per-head RMSNorm, gated by g_proj(x) when `gate`), g_proj and o_proj [value_dim -> D]."""
-    D, dims, eps = self.dims.hidden, self.dims, self.cfg.norm_eps
+    D, spec, eps = self.spec.hidden, self.spec, self.cfg.norm_eps
     self.out_head_dim = head_v_dim
     if gate:
-      self.g_proj = g_proj or dense(D, value_dim, ("embed", "heads"), dims, rngs)
-      self.o_norm = GatedRMSNorm(head_v_dim, eps, dims, rngs, activation=activation)
+      self.g_proj = g_proj or dense(D, value_dim, ("embed", "heads"), spec, rngs)
+      self.o_norm = GatedRMSNorm(head_v_dim, eps, spec, rngs, activation=activation)
     else:
-      self.g_proj, self.o_norm = None, RMSNorm(head_v_dim, eps, dims, rngs)
-    self.o_proj = dense(value_dim, D, ("heads", "embed"), dims, rngs)
+      self.g_proj, self.o_norm = None, RMSNorm(head_v_dim, eps, spec, rngs)
+    self.o_proj = dense(value_dim, D, ("heads", "embed"), spec, rngs)
 
   def output(self, o, x):
     """o: [B, L, H, V] op output, x: [B, L, D] layer input -> [B, L, D]."""
@@ -114,7 +114,7 @@ class LinearMixer(nnx.Module):
   def init_cache(self, batch: int, max_len: int, dtype=None):
     """Zero cache for `batch` sequences; its size does not depend on `max_len`."""
     del max_len
-    dtype = dtype or self.dims.dtype
+    dtype = dtype or self.spec.dtype
     states = tuple(jnp.zeros((batch, *s), F32) for s in self.state_shapes)
     conv = {n: jnp.zeros((batch, rows, c), dtype) for n, rows, c in self.conv_states}
     return {"state": states[0] if len(states) == 1 else states, "conv": conv}
@@ -123,7 +123,7 @@ class LinearMixer(nnx.Module):
     """Bytes of one sequence's cache, computed from the layer's dimensions: float32 recurrent state
     plus (W - 1) * C conv inputs per convolution; constant in `context_len`."""
     del context_len
-    itemsize = jnp.dtype(dtype or self.dims.dtype).itemsize
+    itemsize = jnp.dtype(dtype or self.spec.dtype).itemsize
     state = sum(math.prod(s) for s in self.state_shapes) * 4
     conv = sum(rows * c for _, rows, c in self.conv_states)
     return state + conv * itemsize

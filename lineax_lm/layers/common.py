@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from lineax_lm import sharding
+
 F32 = jnp.float32
 INIT_STD = 0.02  # fla / HF Llama initializer_range: normal(0, 0.02) for linears, convs, embeddings
 
@@ -37,7 +39,7 @@ class MixerConfig:
   conv_bias: bool = False
 
 
-class Dims(NamedTuple):
+class LayerSpec(NamedTuple):
   """Construction arguments every layer receives from the model."""
   hidden: int
   dtype: Any = F32          # activation / compute dtype
@@ -50,11 +52,12 @@ def param(rngs, init, shape, axes, dtype=F32):
   return nnx.Param(init(rngs.params(), shape, dtype), sharding=axes, eager_sharding=False)
 
 
-def dense(din: int, dout: int, axes, dims: Dims, rngs, *, bias: bool = False, kernel_init=None):
+def dense(din: int, dout: int, axes, spec: LayerSpec, rngs, *, bias: bool = False,
+          kernel_init=None):
   """A bias-free (by default) nnx.Linear with normal(init_std) weights and logical axis names."""
-  init = kernel_init or nnx.initializers.normal(dims.init_std)
+  init = kernel_init or nnx.initializers.normal(spec.init_std)
   return nnx.Linear(
-      din, dout, use_bias=bias, dtype=dims.dtype, param_dtype=dims.param_dtype, rngs=rngs,
+      din, dout, use_bias=bias, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=rngs,
       kernel_init=nnx.with_partitioning(init, axes, eager_sharding=False),
       bias_init=nnx.with_partitioning(nnx.initializers.zeros, (axes[-1],), eager_sharding=False))
 
@@ -85,9 +88,9 @@ def _rms(x, eps):
 class RMSNorm(nnx.Module):
   """x / rms(x) * weight over the last axis, computed in float32 (HF Llama / fla RMSNorm)."""
 
-  def __init__(self, dim: int, eps: float, dims: Dims, rngs):
+  def __init__(self, dim: int, eps: float, spec: LayerSpec, rngs):
     self.eps = eps
-    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
 
   def __call__(self, x):
     return (_rms(x, self.eps) * self.weight[...].astype(F32)).astype(x.dtype)
@@ -96,11 +99,11 @@ class RMSNorm(nnx.Module):
 class GatedRMSNorm(nnx.Module):
   """fla's FusedRMSNormGated: rmsnorm(o) * weight * act(g) per head; o, g: [..., H, V]."""
 
-  def __init__(self, dim: int, eps: float, dims: Dims, rngs, activation: str = "swish"):
+  def __init__(self, dim: int, eps: float, spec: LayerSpec, rngs, activation: str = "swish"):
     if activation not in ("swish", "sigmoid"):
       raise ValueError(f"`activation` must be 'swish' or 'sigmoid'; got {activation!r}")
     self.eps, self.activation = eps, activation
-    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
 
   def __call__(self, o, g):
     g = g.astype(F32)
@@ -112,11 +115,11 @@ class GroupNorm(nnx.Module):
   """fla's GroupNorm: a LayerNorm (or RMSNorm) within each of `groups` heads of x [..., groups * d],
   with a per-channel weight (and bias) over all groups * d channels."""
 
-  def __init__(self, groups: int, dim: int, eps: float, dims: Dims, rngs, *, bias: bool,
+  def __init__(self, groups: int, dim: int, eps: float, spec: LayerSpec, rngs, *, bias: bool,
                rms: bool = False):
     self.groups, self.eps, self.rms = groups, eps, rms
-    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), dims.param_dtype)
-    self.bias = (param(rngs, nnx.initializers.zeros, (dim,), ("norm",), dims.param_dtype) if bias
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
+    self.bias = (param(rngs, nnx.initializers.zeros, (dim,), ("norm",), spec.param_dtype) if bias
                  else None)
 
   def __call__(self, x):
@@ -176,15 +179,15 @@ class ShortConv(nnx.Module):
   weight [W, C]: weight[W - 1] multiplies the current token (torch Conv1d weight[c, 0, j] -> [j, c]).
   """
 
-  def __init__(self, channels: int, width: int, dims: Dims, rngs, *, bias: bool = False,
+  def __init__(self, channels: int, width: int, spec: LayerSpec, rngs, *, bias: bool = False,
                activation: str | None = "silu"):
     if width < 1:
       raise ValueError(f"`conv_size` must be >= 1; got {width}")
     self.width, self.channels, self.activation = width, channels, activation
-    self.weight = param(rngs, nnx.initializers.normal(dims.init_std), (width, channels),
-                        ("conv", "heads"), dims.param_dtype)
-    self.bias = (param(rngs, nnx.initializers.zeros, (channels,), ("heads",), dims.param_dtype) if bias
-                 else None)
+    self.weight = param(rngs, nnx.initializers.normal(spec.init_std), (width, channels),
+                        ("conv", "heads"), spec.param_dtype)
+    self.bias = (param(rngs, nnx.initializers.zeros, (channels,), ("heads",), spec.param_dtype)
+                 if bias else None)
 
   def __call__(self, x, state=None, reset_ids=None):
     """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
@@ -235,19 +238,16 @@ def mlp_width(hidden: int, ratio: float = 4.0, multiple: int = 256) -> int:
 class SwiGLU(nnx.Module):
   """down_proj(silu(gate_proj(x)) * up_proj(x)); the names of HF Llama's MLP."""
 
-  def __init__(self, hidden: int, width: int, dims: Dims, rngs):
-    self.gate_proj = dense(hidden, width, ("embed", "mlp"), dims, rngs)
-    self.up_proj = dense(hidden, width, ("embed", "mlp"), dims, rngs)
-    self.down_proj = dense(width, hidden, ("mlp", "embed"), dims, rngs)
+  def __init__(self, hidden: int, width: int, spec: LayerSpec, rngs):
+    self.gate_proj = dense(hidden, width, ("embed", "mlp"), spec, rngs)
+    self.up_proj = dense(hidden, width, ("embed", "mlp"), spec, rngs)
+    self.down_proj = dense(width, hidden, ("mlp", "embed"), spec, rngs)
 
   def __call__(self, x):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 # -------------------------------------------------------------------------------------- op calls
-BATCH_AXES, HEAD_AXIS = ("data", "fsdp"), "tensor"  # the training mesh's axes (lineax_lm.train.sharding)
-
-
 def cu_seqlens_from_starts(starts, n: int):
   """starts: bool [T] (True where a sequence begins; starts[0] True) -> int32 [n + 1] offsets, padded
   with T (empty sequences) when there are fewer than n sequences."""
@@ -267,9 +267,7 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   into one row would make the sequential pass over chunks B times longer. Array keyword arguments
   are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
 
-  Under a mesh with the training axes, the op runs inside `jax.shard_map` over the batch
-  (data, fsdp) and head (tensor) axes, as Pallas kernels need: each device runs the kernel on its
-  own rows and heads. Axes that do not divide an array's size stay replicated.
+  Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`).
   """
   if packing is not None and state is not None:
     raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
@@ -287,21 +285,4 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
     return jax.vmap(row)(args, cu_seqlens), None
 
   cu_seqlens = None if packing is None else packing.cu_seqlens
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
-    return call(args, state, arrays, cu_seqlens)
-
-  B = args[0].shape[0]
-  batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
-  shards = math.prod(mesh.shape[a] for a in batch)
-  batch = batch if batch and B % shards == 0 else None
-  heads_dim = args[0].shape[2] if args[0].ndim >= 3 else args[0].shape[-1]
-  head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and heads_dim % mesh.shape[HEAD_AXIS] == 0 else None
-  P = jax.sharding.PartitionSpec
-  timed = P(batch, None, head)  # [B, L, H, ...] (HGRN: [B, L, D], D split like heads)
-  per_seq = P(batch, head)      # every state array [B, H, ...] (HGRN: [B, D])
-  specs_in = (tuple(timed for _ in args), None if state is None else per_seq,
-              {n: P(head) for n in arrays}, None if cu_seqlens is None else P(batch))
-  sharded = jax.shard_map(call, mesh=mesh, in_specs=specs_in,
-                          out_specs=(timed, None if state is None else per_seq), check_vma=False)
-  return sharded(args, state, arrays, cu_seqlens)
+  return sharding.shard_op(call, args, state, arrays, cu_seqlens)

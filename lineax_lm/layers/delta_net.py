@@ -15,7 +15,7 @@ from pallas_kernels.common.chunk import l2norm
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import F32, Context, Dims, MixerConfig, dense, run_op
+from lineax_lm.layers.common import F32, Context, LayerSpec, MixerConfig, dense, run_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,17 +33,17 @@ class DeltaNetConfig(MixerConfig):
 class DeltaNet(LinearMixer):
   """DeltaNet (Yang et al. 2024) as fla's `DeltaNet` layer."""
 
-  def __init__(self, cfg: DeltaNetConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
+  def __init__(self, cfg: DeltaNetConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
     if cfg.qk_activation not in ("silu", "relu", "elu", "identity"):
       raise ValueError("`qk_activation` must be silu, relu, elu or identity; "
                        f"got {cfg.qk_activation!r}")
     if cfg.qk_norm not in ("l2", "sum"):
       raise ValueError(f"`qk_norm` must be 'l2' or 'sum'; got {cfg.qk_norm!r}")
-    D, H = dims.hidden, cfg.num_heads
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs,
                    qk_conv_act="silu" if cfg.qk_activation == "silu" else None)
-    self.b_proj = dense(D, H, ("embed", None), dims, rngs) if cfg.use_beta else None
+    self.b_proj = dense(D, H, ("embed", None), spec, rngs) if cfg.use_beta else None
     self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_gate)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):

@@ -17,8 +17,8 @@ from pallas_kernels.common.chunk import l2norm
 from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import (F32, Context, Dims, MixerConfig, a_log_init, check_expand, dense,
-                                     dt_bias_init, param, run_op)
+from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, check_expand,
+                                     dense, dt_bias_init, param, run_op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,15 +34,15 @@ class GatedDeltaNet(LinearMixer):
   """Gated DeltaNet (Yang et al. 2025) as fla's `GatedDeltaNet` layer (about 6 D^2 parameters when
   num_heads * head_dim = 0.75 D)."""
 
-  def __init__(self, cfg: GatedDeltaNetConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: GatedDeltaNetConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H = spec.hidden, cfg.num_heads
     head_v_dim = check_expand("GatedDeltaNet", cfg.head_dim, cfg.expand_v)
     self._make_qkv(H, H * cfg.head_dim, H * head_v_dim, rngs)
-    self.a_proj = dense(D, H, ("embed", None), dims, rngs)
-    self.b_proj = dense(D, H, ("embed", None), dims, rngs)
-    self.A_log = param(rngs, a_log_init(0.0, 16.0), (H,), (None,), dims.param_dtype)
-    self.dt_bias = param(rngs, dt_bias_init(), (H,), (None,), dims.param_dtype)
+    self.a_proj = dense(D, H, ("embed", None), spec, rngs)
+    self.b_proj = dense(D, H, ("embed", None), spec, rngs)
+    self.A_log = param(rngs, a_log_init(0.0, 16.0), (H,), (None,), spec.param_dtype)
+    self.dt_bias = param(rngs, dt_bias_init(), (H,), (None,), spec.param_dtype)
     self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_gate)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):

@@ -15,7 +15,7 @@ from flax import nnx
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import F32, Context, Dims, MixerConfig, dense, run_op, split_heads
+from lineax_lm.layers.common import F32, Context, LayerSpec, MixerConfig, dense, run_op, split_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +33,14 @@ class GLAConfig(MixerConfig):
 class GLA(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: GLAConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: GLAConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs)
     r = cfg.gate_low_rank_dim
-    self.gk_proj = nnx.Sequential(dense(D, r, ("embed", "lowrank"), dims, rngs),
-                                  dense(r, self.key_dim, ("lowrank", "heads"), dims, rngs, bias=True))
+    self.gk_proj = nnx.Sequential(
+        dense(D, r, ("embed", "lowrank"), spec, rngs),
+        dense(r, self.key_dim, ("lowrank", "heads"), spec, rngs, bias=True))
     self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_output_gate)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):

@@ -15,7 +15,7 @@ from flax import nnx
 from pallas_kernels.hgrn import chunk_hgrn, fused_recurrent_hgrn
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import F32, Context, Dims, MixerConfig, dense, run_op
+from lineax_lm.layers.common import F32, Context, LayerSpec, MixerConfig, dense, run_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +39,12 @@ class HGRN(LinearMixer):
 
   uses_lower_bound = True
 
-  def __init__(self, cfg: HGRNConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D = dims.hidden
+  def __init__(self, cfg: HGRNConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D = spec.hidden
     self.width = self.forget_dim = int(D * cfg.expand_ratio)
-    self.i_proj = dense(D, self.width, ("embed", "heads"), dims, rngs)
-    self.f_proj = dense(D, self.width, ("embed", "heads"), dims, rngs)
+    self.i_proj = dense(D, self.width, ("embed", "heads"), spec, rngs)
+    self.f_proj = dense(D, self.width, ("embed", "heads"), spec, rngs)
     if cfg.use_short_conv:
       self._make_conv("i", self.width, rngs, activation=None)
       self._make_conv("f", self.width, rngs, activation=None)

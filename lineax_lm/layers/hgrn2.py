@@ -16,7 +16,8 @@ from flax import nnx
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import Context, Dims, MixerConfig, dense, merge_heads, run_op, split_heads
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, run_op,
+                                     split_heads)
 from lineax_lm.layers.hgrn import lower_bounded
 
 
@@ -31,16 +32,16 @@ class HGRN2(LinearMixer):
 
   uses_lower_bound = True
 
-  def __init__(self, cfg: HGRN2Config, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, r = dims.hidden, cfg.expand_ratio
+  def __init__(self, cfg: HGRN2Config, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, r = spec.hidden, cfg.expand_ratio
     if D % r:
       raise ValueError(f"HGRN2: hidden {D} must be divisible by `expand_ratio` {r}")
     self.num_heads = D // r
     self.forget_dim, self.head_f_dim, self.head_i_dim = self.num_heads * r, r, D // self.num_heads
-    self.q_proj = dense(D, self.forget_dim, ("embed", "heads"), dims, rngs)
-    self.f_proj = dense(D, self.forget_dim, ("embed", "heads"), dims, rngs)
-    self.i_proj = dense(D, D, ("embed", "heads"), dims, rngs)
+    self.q_proj = dense(D, self.forget_dim, ("embed", "heads"), spec, rngs)
+    self.f_proj = dense(D, self.forget_dim, ("embed", "heads"), spec, rngs)
+    self.i_proj = dense(D, D, ("embed", "heads"), spec, rngs)
     if cfg.use_short_conv:
       for name, c in (("q", self.forget_dim), ("f", self.forget_dim), ("i", D)):
         self._make_conv(name, c, rngs, activation=None)

@@ -15,8 +15,8 @@ from pallas_kernels.common.chunk import l2norm
 from pallas_kernels.kda import chunk_kda, fused_recurrent_kda
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import (F32, Context, Dims, MixerConfig, a_log_init, check_expand, dense,
-                                     param, run_op, split_heads)
+from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, check_expand,
+                                     dense, param, run_op, split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +31,19 @@ class KDA(LinearMixer):
   """Kimi Delta Attention as fla's `KimiDeltaAttention` layer: GDN with a per-channel decay and a
   low-rank output gate, sigmoid-gated output norm."""
 
-  def __init__(self, cfg: KDAConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: KDAConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, H * cfg.head_dim, H * check_expand("KDA", cfg.head_dim, cfg.expand_v), rngs)
     r = self.head_v_dim
-    self.f_proj = nnx.Sequential(dense(D, r, ("embed", "lowrank"), dims, rngs),
-                                 dense(r, self.key_dim, ("lowrank", "heads"), dims, rngs))
-    self.b_proj = dense(D, H, ("embed", None), dims, rngs)
-    self.A_log = param(rngs, a_log_init(1.0, 16.0), (H,), (None,), dims.param_dtype)
-    self.dt_bias = param(rngs, nnx.initializers.zeros, (self.key_dim,), ("heads",), dims.param_dtype)
-    g_proj = nnx.Sequential(dense(D, r, ("embed", "lowrank"), dims, rngs),
-                            dense(r, self.value_dim, ("lowrank", "heads"), dims, rngs, bias=True))
+    self.f_proj = nnx.Sequential(dense(D, r, ("embed", "lowrank"), spec, rngs),
+                                 dense(r, self.key_dim, ("lowrank", "heads"), spec, rngs))
+    self.b_proj = dense(D, H, ("embed", None), spec, rngs)
+    self.A_log = param(rngs, a_log_init(1.0, 16.0), (H,), (None,), spec.param_dtype)
+    self.dt_bias = param(rngs, nnx.initializers.zeros, (self.key_dim,), ("heads",),
+                         spec.param_dtype)
+    g_proj = nnx.Sequential(dense(D, r, ("embed", "lowrank"), spec, rngs),
+                            dense(r, self.value_dim, ("lowrank", "heads"), spec, rngs, bias=True))
     self._make_output(self.value_dim, self.head_v_dim, rngs, activation="sigmoid", g_proj=g_proj)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):

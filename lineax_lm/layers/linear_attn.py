@@ -14,7 +14,7 @@ from flax import nnx
 from pallas_kernels.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import Context, Dims, MixerConfig, dense, run_op
+from lineax_lm.layers.common import Context, LayerSpec, MixerConfig, dense, run_op
 
 FEATURE_MAPS = ("elementwise_product", "elu", "relu", "identity")
 
@@ -43,9 +43,9 @@ class LinearAttentionConfig(MixerConfig):
 class HadamardFeatureMap(nnx.Module):
   """layer1(x) * layer2(x) on each head's [..., head_dim] (fla's HadamardFeatureMap)."""
 
-  def __init__(self, head_dim: int, dims: Dims, rngs):
-    self.layer1 = dense(head_dim, head_dim, (None, None), dims, rngs, bias=True)
-    self.layer2 = dense(head_dim, head_dim, (None, None), dims, rngs, bias=True)
+  def __init__(self, head_dim: int, spec: LayerSpec, rngs):
+    self.layer1 = dense(head_dim, head_dim, (None, None), spec, rngs, bias=True)
+    self.layer2 = dense(head_dim, head_dim, (None, None), spec, rngs, bias=True)
 
   def __call__(self, x):
     return self.layer1(x) * self.layer2(x)
@@ -54,15 +54,15 @@ class HadamardFeatureMap(nnx.Module):
 class LinearAttention(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: LinearAttentionConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
+  def __init__(self, cfg: LinearAttentionConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
     if cfg.feature_map not in FEATURE_MAPS:
       raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}; got {cfg.feature_map!r}")
-    D, H = dims.hidden, cfg.num_heads
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs)
     if cfg.feature_map == "elementwise_product":
-      self.feature_map_q = HadamardFeatureMap(self.head_k_dim, dims, rngs)
-      self.feature_map_k = HadamardFeatureMap(self.head_k_dim, dims, rngs)
+      self.feature_map_q = HadamardFeatureMap(self.head_k_dim, spec, rngs)
+      self.feature_map_k = HadamardFeatureMap(self.head_k_dim, spec, rngs)
     else:
       self.feature_map_q = self.feature_map_k = nnx.static(_STATELESS_MAPS[cfg.feature_map])
     self._make_output(self.value_dim, self.head_v_dim, rngs, gate=False)

@@ -19,7 +19,7 @@ from flax import nnx
 from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import (F32, Context, Dims, GroupNorm, MixerConfig, dense, param,
+from lineax_lm.layers.common import (F32, Context, LayerSpec, GroupNorm, MixerConfig, dense, param,
                                      run_op, split_heads)
 
 
@@ -35,10 +35,10 @@ class MLSTMConfig(MixerConfig):
 class GroupedLinear(nnx.Module):
   """Block-diagonal linear map: [..., G * b] -> [..., G * b] with G independent b x b blocks."""
 
-  def __init__(self, features: int, block: int, dims: Dims, rngs):
+  def __init__(self, features: int, block: int, spec: LayerSpec, rngs):
     self.block = block
-    self.weight = param(rngs, nnx.initializers.normal(dims.init_std), (features // block, block, block),
-                        ("heads", None, None), dims.param_dtype)
+    self.weight = param(rngs, nnx.initializers.normal(spec.init_std),
+                        (features // block, block, block), ("heads", None, None), spec.param_dtype)
 
   def __call__(self, x):
     xb = x.reshape(*x.shape[:-1], -1, self.block)
@@ -48,29 +48,29 @@ class GroupedLinear(nnx.Module):
 class MLSTM(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: MLSTMConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: MLSTMConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H = spec.hidden, cfg.num_heads
     inner = int(math.ceil(cfg.proj_factor * D / cfg.round_to) * cfg.round_to)
     if inner % H or inner % cfg.qkv_proj_blocksize:
       raise ValueError(f"mLSTM inner width {inner} must be divisible by `num_heads` {H} and "
                        f"`qkv_proj_blocksize` {cfg.qkv_proj_blocksize}")
     self.inner, self.head_dim = inner, inner // H
-    self.proj_up = dense(D, 2 * inner, ("embed", "heads"), dims, rngs)
+    self.proj_up = dense(D, 2 * inner, ("embed", "heads"), spec, rngs)
     self._make_conv("x", inner, rngs, activation="silu")
-    self.q_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
-    self.k_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
-    self.v_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, dims, rngs)
+    self.q_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
+    self.k_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
+    self.v_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
     # xLSTM's gate init: zero weights, input-gate bias ~ N(0, 0.1), forget-gate bias linspace(3, 6).
     zeros = nnx.initializers.zeros
-    self.igate = dense(3 * inner, H, ("heads", None), dims, rngs, bias=True, kernel_init=zeros)
-    self.fgate = dense(3 * inner, H, ("heads", None), dims, rngs, bias=True, kernel_init=zeros)
-    self.igate.bias = param(rngs, nnx.initializers.normal(0.1), (H,), (None,), dims.param_dtype)
+    self.igate = dense(3 * inner, H, ("heads", None), spec, rngs, bias=True, kernel_init=zeros)
+    self.fgate = dense(3 * inner, H, ("heads", None), spec, rngs, bias=True, kernel_init=zeros)
+    self.igate.bias = param(rngs, nnx.initializers.normal(0.1), (H,), (None,), spec.param_dtype)
     self.fgate.bias = param(rngs, lambda k, s, d: jnp.linspace(3.0, 6.0, s[0], dtype=d), (H,), (None,),
-                            dims.param_dtype)
-    self.o_norm = GroupNorm(H, inner, cfg.norm_eps, dims, rngs, bias=False)
-    self.learnable_skip = param(rngs, nnx.initializers.ones, (inner,), ("heads",), dims.param_dtype)
-    self.proj_down = dense(inner, D, ("heads", "embed"), dims, rngs)
+                            spec.param_dtype)
+    self.o_norm = GroupNorm(H, inner, cfg.norm_eps, spec, rngs, bias=False)
+    self.learnable_skip = param(rngs, nnx.initializers.ones, (inner,), ("heads",), spec.param_dtype)
+    self.proj_down = dense(inner, D, ("heads", "embed"), spec, rngs)
     d = self.head_dim
     self.state_shapes = ((H, d, d), (H, d), (H,))
 

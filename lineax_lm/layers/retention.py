@@ -15,7 +15,7 @@ from pallas_kernels.retention import retention_log_decay
 from pallas_kernels.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
 
 from lineax_lm.layers.base import LinearMixer, ctx_or_default
-from lineax_lm.layers.common import Context, Dims, MixerConfig, rope, run_op
+from lineax_lm.layers.common import Context, LayerSpec, MixerConfig, rope, run_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,9 +31,9 @@ class RetentionConfig(MixerConfig):
 class MultiScaleRetention(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: RetentionConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H = dims.hidden, cfg.num_heads
+  def __init__(self, cfg: RetentionConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs)
     self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_output_gate)
 

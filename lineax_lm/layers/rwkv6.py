@@ -18,8 +18,8 @@ from flax import nnx
 from pallas_kernels.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 
 from lineax_lm.layers.base import LinearMixer, reset_ids_of
-from lineax_lm.layers.common import (F32, Context, Dims, GroupNorm, MixerConfig, causal_taps, dense,
-                                     param, run_op, split_heads)
+from lineax_lm.layers.common import (F32, Context, LayerSpec, GroupNorm, MixerConfig, causal_taps,
+                                     dense, param, run_op, split_heads)
 
 _MIXES = ("r", "w", "k", "v", "g")
 
@@ -37,31 +37,31 @@ class RWKV6Config(MixerConfig):
 class RWKV6(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: RWKV6Config, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
-    D, H, R = dims.hidden, cfg.num_heads, cfg.proj_low_rank_dim
+  def __init__(self, cfg: RWKV6Config, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
+    D, H, R = spec.hidden, cfg.num_heads, cfg.proj_low_rank_dim
     self.key_dim, self.value_dim = int(D * cfg.expand_k), int(D * cfg.expand_v)
     if self.key_dim % H or self.value_dim % H:
       raise ValueError(f"RWKV6: key dim {self.key_dim} and value dim {self.value_dim} must be "
                        f"divisible by `num_heads` = {H}")
     self.head_k_dim, self.head_v_dim = self.key_dim // H, self.value_dim // H
     zeros = nnx.initializers.zeros
-    self.x_mu = param(rngs, zeros, (D,), ("embed",), dims.param_dtype)
-    self.x_down = dense(D, 5 * R, ("embed", "lowrank"), dims, rngs)
-    self.x_up = param(rngs, nnx.initializers.normal(dims.init_std), (5, R, D),
-                      (None, "lowrank", "embed"), dims.param_dtype)
-    self.x_bias = param(rngs, zeros, (5, D), (None, "embed"), dims.param_dtype)
-    self.r_proj = dense(D, self.key_dim, ("embed", "heads"), dims, rngs)
-    self.w_proj = nnx.Sequential(dense(D, cfg.gate_low_rank_dim, ("embed", "lowrank"), dims, rngs),
+    self.x_mu = param(rngs, zeros, (D,), ("embed",), spec.param_dtype)
+    self.x_down = dense(D, 5 * R, ("embed", "lowrank"), spec, rngs)
+    self.x_up = param(rngs, nnx.initializers.normal(spec.init_std), (5, R, D),
+                      (None, "lowrank", "embed"), spec.param_dtype)
+    self.x_bias = param(rngs, zeros, (5, D), (None, "embed"), spec.param_dtype)
+    self.r_proj = dense(D, self.key_dim, ("embed", "heads"), spec, rngs)
+    self.w_proj = nnx.Sequential(dense(D, cfg.gate_low_rank_dim, ("embed", "lowrank"), spec, rngs),
                                  jnp.tanh,
-                                 dense(cfg.gate_low_rank_dim, self.key_dim, ("lowrank", "heads"), dims,
-                                       rngs, bias=True))
-    self.k_proj = dense(D, self.key_dim, ("embed", "heads"), dims, rngs)
-    self.v_proj = dense(D, self.value_dim, ("embed", "heads"), dims, rngs)
-    self.g_proj = dense(D, self.value_dim, ("embed", "heads"), dims, rngs)
-    self.bonus = param(rngs, zeros, (H, self.head_k_dim), (None, None), dims.param_dtype)
-    self.g_norm = GroupNorm(H, self.value_dim, cfg.norm_eps, dims, rngs, bias=True)
-    self.o_proj = dense(self.value_dim, D, ("heads", "embed"), dims, rngs)
+                                 dense(cfg.gate_low_rank_dim, self.key_dim, ("lowrank", "heads"),
+                                       spec, rngs, bias=True))
+    self.k_proj = dense(D, self.key_dim, ("embed", "heads"), spec, rngs)
+    self.v_proj = dense(D, self.value_dim, ("embed", "heads"), spec, rngs)
+    self.g_proj = dense(D, self.value_dim, ("embed", "heads"), spec, rngs)
+    self.bonus = param(rngs, zeros, (H, self.head_k_dim), (None, None), spec.param_dtype)
+    self.g_norm = GroupNorm(H, self.value_dim, cfg.norm_eps, spec, rngs, bias=True)
+    self.o_proj = dense(self.value_dim, D, ("heads", "embed"), spec, rngs)
     self.conv_states = (("shift", 1, D),)
     self.state_shapes = ((H, self.head_k_dim, self.head_v_dim),)
 

@@ -18,8 +18,8 @@ from flax import nnx
 from pallas_kernels.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import (F32, Context, Dims, MixerConfig, a_log_init, dense, dt_bias_init,
-                                     param, run_op)
+from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, dense,
+                                     dt_bias_init, param, run_op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,17 +34,17 @@ class SimpleGLAConfig(MixerConfig):
 class SimpleGLA(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
-  def __init__(self, cfg: SimpleGLAConfig, dims: Dims, rngs: nnx.Rngs):
-    self._setup(cfg, dims)
+  def __init__(self, cfg: SimpleGLAConfig, spec: LayerSpec, rngs: nnx.Rngs):
+    self._setup(cfg, spec)
     if cfg.gate not in ("logsigmoid", "mamba2"):
       raise ValueError(f"`gate` must be 'logsigmoid' or 'mamba2'; got {cfg.gate!r}")
-    D, H = dims.hidden, cfg.num_heads
+    D, H = spec.hidden, cfg.num_heads
     self._make_qkv(H, int(D * cfg.expand_k), int(D * cfg.expand_v), rngs)
     mamba2 = cfg.gate == "mamba2"
-    self.gk_proj = dense(D, H, ("embed", None), dims, rngs, bias=not mamba2)
+    self.gk_proj = dense(D, H, ("embed", None), spec, rngs, bias=not mamba2)
     if mamba2:
-      self.A_log = param(rngs, a_log_init(1.0, 16.0), (H,), (None,), dims.param_dtype)
-      self.dt_bias = param(rngs, dt_bias_init(), (H,), (None,), dims.param_dtype)
+      self.A_log = param(rngs, a_log_init(1.0, 16.0), (H,), (None,), spec.param_dtype)
+      self.dt_bias = param(rngs, dt_bias_init(), (H,), (None,), spec.param_dtype)
     self._make_output(self.value_dim, self.head_v_dim, rngs)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):

@@ -1,5 +1,5 @@
 """Generation with a cache: prefill with the chunk ops, then one token at a time with the
-fused_recurrent ops inside one jit-compiled `lax.while_loop`; plus the cache-size report.
+fused_recurrent ops inside one jit-compiled `lax.while_loop` (cache sizes: `models.cache`).
 
 The cache (HybridLM.init_cache) is a pytree {"pos": int32, "layers": [...]}: each linear layer keeps
 its float32 recurrent state and short-convolution inputs (constant size), each attention layer a KV
@@ -13,8 +13,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
-
-from lineax_lm.models.hybrid import abstract_model
 
 
 def sample_logits(logits, rng, temperature: float = 1.0, top_k: int | None = None,
@@ -98,35 +96,3 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0
   graphdef, state = nnx.split(model)
   return _generate(graphdef, state, prompt_ids, rng, max_new_tokens=int(max_new_tokens),
                    temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
-
-
-# ---------------------------------------------------------------------------------- cache sizes
-def cache_bytes(config, context_len: int) -> dict:
-  """Bytes one sequence's cache needs at `context_len` tokens: {"attention", "linear", "total"},
-  from the layer dimensions (the model is built abstractly, no parameters are allocated)."""
-  return abstract_model(config).cache_bytes(context_len)
-
-
-def cache_bytes_per_token(config, context_len: int) -> float:
-  return cache_bytes(config, context_len)["total"] / context_len
-
-
-def real_cache_bytes(model_or_config, context_len: int, batch: int = 1) -> int:
-  """nbytes of the cache the model builds for `batch` sequences of `context_len` tokens (shapes
-  only: jax.eval_shape, so large contexts cost nothing)."""
-  model = model_or_config
-  if not isinstance(model, nnx.Module):
-    model = abstract_model(model)
-  tree = jax.eval_shape(lambda: model.init_cache(batch, context_len))
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree["layers"]))
-
-
-def cache_report(configs: dict, context_len: int) -> str:
-  """A table of cache sizes at `context_len` for {name: ModelConfig}, relative to the first."""
-  rows, base = [], None
-  for name, cfg in configs.items():
-    b = cache_bytes(cfg, context_len)
-    base = base or b["total"]
-    rows.append(f"{name:32s} {b['total'] / 2**20:10.1f} MiB  attention {b['attention'] / 2**20:9.1f}  "
-                f"linear {b['linear'] / 2**20:7.1f}  x{b['total'] / base:.3f}")
-  return f"cache per sequence at {context_len} tokens\n" + "\n".join(rows)

@@ -27,9 +27,10 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from lineax_lm.layers import (Context, Dims, Packing, RMSNorm, SwiGLU, build_mixer, mixer_config,
-                              mlp_width)
+from lineax_lm.layers import (Context, LayerSpec, Packing, RMSNorm, SwiGLU, build_mixer,
+                              mixer_config, mlp_width)
 from lineax_lm.layers.common import INIT_STD, cu_seqlens_from_starts, param
+from lineax_lm.models import generate as generation
 from pallas_kernels.common.varlen import sequence_index
 
 REMAT_POLICIES = {
@@ -94,10 +95,10 @@ class ModelConfig:
   def attention_indices(self) -> tuple:
     return attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)
 
-  def dims(self) -> Dims:
+  def layer_spec(self) -> LayerSpec:
     # Nothing layer-specific: blocks of one kind are then identical up to their parameters, so
     # they share one trace (call_shared).
-    return Dims(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std)
+    return LayerSpec(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std)
 
   def linear_mixer_config(self):
     return mixer_config(self.mixer, **{"norm_eps": self.norm_eps, "backend": self.backend,
@@ -159,16 +160,16 @@ class Block(nnx.Module):
   """Pre-norm block: x + mixer(attn_norm(x)), then + mlp(mlp_norm(x))."""
 
   def __init__(self, config: ModelConfig, layer_idx: int, rngs: nnx.Rngs):
-    dims = config.dims()
+    spec = config.layer_spec()
     self.is_attention = layer_idx in config.attention_indices
     name, mcfg = (("attention", config.attention_config()) if self.is_attention
                   else (config.mixer, config.linear_mixer_config()))
-    self.attn_norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
-    self.mixer = build_mixer(name, mcfg, dims, rngs)
-    self.mlp_norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
+    self.attn_norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
+    self.mixer = build_mixer(name, mcfg, spec, rngs)
+    self.mlp_norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
     width = None if self.is_attention else config.linear_mlp_hidden
     width = width or config.mlp_hidden or mlp_width(config.hidden)
-    self.mlp = SwiGLU(config.hidden, width, dims, rngs)
+    self.mlp = SwiGLU(config.hidden, width, spec, rngs)
 
   def __call__(self, x, cache, ctx: Context, lower_bound=None):
     kw = {"lower_bound": lower_bound} if getattr(self.mixer, "uses_lower_bound", False) else {}
@@ -207,19 +208,19 @@ class HybridLM(nnx.Module):
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, block=Block):
     self.config = config
-    dims = config.dims()
+    spec = config.layer_spec()
     normal = nnx.initializers.normal(config.init_std)
     self.embed = nnx.Embed(
-        config.vocab_size, config.hidden, dtype=dims.dtype, param_dtype=dims.param_dtype, rngs=rngs,
+        config.vocab_size, config.hidden, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=rngs,
         embedding_init=nnx.with_partitioning(normal, ("vocab", "embed"), eager_sharding=False))
     self.blocks = nnx.List([block(config, i, rngs) for i in range(config.num_layers)])
-    self.norm = RMSNorm(config.hidden, config.norm_eps, dims, rngs)
+    self.norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
     self.lm_head = None if config.tie_embeddings else param(
-        rngs, normal, (config.hidden, config.vocab_size), ("embed", "vocab"), dims.param_dtype)
+        rngs, normal, (config.hidden, config.vocab_size), ("embed", "vocab"), spec.param_dtype)
     widths = {b.mixer.forget_dim for b in self.blocks if getattr(b.mixer, "uses_lower_bound", False)}
     # HGRN / HGRN-2: forget-gate lower bounds, softmax over layers then cumsum (grow with depth).
     self.lower_bounds = param(rngs, nnx.initializers.zeros, (config.num_layers, widths.pop()),
-                              ("layers", "heads"), dims.param_dtype) if widths else None
+                              ("layers", "heads"), spec.param_dtype) if widths else None
 
   def __call__(self, inputs, segment_ids=None, positions=None):
     """inputs: [B, L] int32; segment_ids: [B, L] (packed rows); positions: [B, L] RoPE positions."""
@@ -247,8 +248,7 @@ class HybridLM(nnx.Module):
 
   def generate(self, prompt_ids, max_new_tokens: int, **sampling):
     """See lineax_lm.models.generate.generate."""
-    from lineax_lm.models.generate import generate
-    return generate(self, prompt_ids, max_new_tokens, **sampling)
+    return generation.generate(self, prompt_ids, max_new_tokens, **sampling)
 
   def _lower_bounds(self):
     if self.lower_bounds is None:

@@ -25,9 +25,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from lineax_lm import sharding
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
-from lineax_lm.train import checkpoint, metrics as metrics_lib, optim, sharding
+from lineax_lm.train import checkpoint, metrics as metrics_lib, optim
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32

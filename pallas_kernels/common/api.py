@@ -1,41 +1,52 @@
-"""The front door of an op: argument checks, backend dispatch and the shared part of the docstring.
+"""The front door of every op: argument checks, the initial state, backend dispatch and the shared
+part of the docstring, written once for the ten families.
 
-A family's public `chunk_<mixer>` / `fused_recurrent_<mixer>` calls `dims` (q, k, v and cu_seqlens),
-`gate` / `log_decay_gate` for its other inputs, then `run`, which checks the initial state, resolves
-the backend and calls `<kind>_<mixer>(*args, scale=, initial_state=, cu_seqlens=)` of that backend.
+A family's public `chunk_<mixer>` / `fused_recurrent_<mixer>` calls `dims` (q, k, v and cu_seqlens;
+`elementwise_dims` for [B, T, D] ops), `gate` / `log_decay_gate` for its other inputs, then `run`,
+which checks the initial state against the family's `State`, makes it concrete (float32 zeros when
+None), resolves the backend and calls `<kind>_<mixer>(*args, initial_state=, cu_seqlens=, scale=)`
+of that backend. So a backend never sees `initial_state=None`, and the sequence count is the state's
+leading axis.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import NamedTuple
+
+import jax.numpy as jnp
 
 from pallas_kernels.common import checks, dispatch
 
-COMMON_ARGS = """  scale: query scale, default K ** -0.5.
-  initial_state: [N, H, K, V] (N = B, or the number of sequences with cu_seqlens).
-  output_final_state: return the float32 final state [N, H, K, V] instead of None.
-  cu_seqlens: int32 [N + 1] offsets of packed sequences (B == 1); the state resets at each boundary.
-  backend: "auto" | "reference" | "xla" | "gpu" | "tpu".  interpret: run a Pallas kernel interpreted.
-Returns:
-  (o [B, T, H, V] in the input dtype, final_state or None).
-"""
-
-KINDS = {"chunk": ", chunked (training and prefill)", "fused_recurrent": ", token by token (decode)"}
-
-
-def document(doc: str, **ops):
-  """Sets the docstring of each op (keyword: its kind) to `doc` + COMMON_ARGS, with "{kind}" replaced
-  by a phrase ("..., chunked (training and prefill)") and "{fla}" by the kind ("chunk")."""
-  for kind, fn in ops.items():
-    fn.__doc__ = doc.replace("{kind}", KINDS[kind]).replace("{fla}", kind) + COMMON_ARGS
+F32 = jnp.float32
 
 
 class Dims(NamedTuple):
+  """Sizes of an op's inputs, by the letters its layouts use ("[B, T, H, K]")."""
   B: int
   T: int
-  H: int
-  K: int
-  V: int
+  H: int | None
+  K: int | None
+  V: int | None
   N: int  # number of sequences: B, or len(cu_seqlens) - 1
+  D: int | None = None  # width of elementwise ops ([B, T, D])
+
+  def shape(self, layout: str) -> tuple[int, ...]:
+    return tuple(getattr(self, axis) for axis in layout.strip("[]").split(", "))
+
+
+class State(NamedTuple):
+  """The recurrent state of a family: one layout per leaf; `names` is None for a single array, else
+  the state is the tuple of leaves with these names."""
+  layouts: tuple[str, ...]
+  names: tuple[str, ...] | None = None
+
+  def describe(self) -> str:
+    if self.names is None:
+      return self.layouts[0]
+    return "the tuple (" + ", ".join(f"{n} {l}" for n, l in zip(self.names, self.layouts)) + ")"
+
+
+MATRIX = State(("[N, H, K, V]",))  # the K x V state of every linear-attention family
 
 
 def dims(q, k, v, cu_seqlens, q_name: str = "q") -> Dims:
@@ -44,13 +55,23 @@ def dims(q, k, v, cu_seqlens, q_name: str = "q") -> Dims:
   return Dims(B, T, H, K, V, checks.num_sequences(B, T, cu_seqlens))
 
 
+def elementwise_dims(x, cu_seqlens, name: str = "x") -> Dims:
+  """Checks x [B, T, D] (a floating array) and cu_seqlens; returns the sizes (H = K = V = None)."""
+  checks.check_rank(name, x, 3, "[B, T, D]")
+  checks.check_floating(name, x)
+  B, T, D = x.shape
+  return Dims(B, T, None, None, None, checks.num_sequences(B, T, cu_seqlens), D)
+
+
 def gate(name: str, x, d: Dims, layout: str, optional: bool = False):
-  """Checks that `x` has `layout` (e.g. "[B, T, H, K]", sizes from `d`); None passes if optional."""
+  """Checks that `x` is a floating array with `layout` (e.g. "[B, T, H, K]", sizes from `d`); None
+  passes if optional."""
   if x is None and optional:
     return None
-  expected = tuple(getattr(d, axis) for axis in layout.strip("[]").split(", "))
+  expected = d.shape(layout)
   checks.check_rank(name, x, len(expected), layout)
   checks.check_shape(name, x, expected, layout)
+  checks.check_floating(name, x)
   return x
 
 
@@ -59,13 +80,61 @@ def log_decay_gate(name: str, x, d: Dims, layout: str, optional: bool = False):
   return checks.log_decay(name, gate(name, x, d, layout, optional))
 
 
-def run(family: str, kind: str, d: Dims, args: tuple, *, scale, initial_state, output_final_state,
-        cu_seqlens, backend, interpret):
-  """Checks the initial state, dispatches, and returns (o, final_state or None). A Pallas backend
-  module may define `unsupported(*args) -> reason or None` to decline inputs (see dispatch.resolve)."""
-  checks.check_state("initial_state", initial_state, (d.N, d.H, d.K, d.V), "[N, H, K, V]")
+def concrete_state(state, spec: State, d: Dims):
+  """Checks `state` against `spec` and returns it in float32, or float32 zeros when None."""
+  shapes = [d.shape(layout) for layout in spec.layouts]
+  if spec.names is None:
+    if state is None:
+      return jnp.zeros(shapes[0], F32)
+    checks.check_state("initial_state", state, shapes[0], spec.layouts[0])
+    return state.astype(F32)
+  if state is None:
+    return tuple(jnp.zeros(s, F32) for s in shapes)
+  if not isinstance(state, (tuple, list)) or len(state) != len(spec.names):
+    raise ValueError(f"`initial_state` must be {spec.describe()}; got {type(state).__name__}"
+                     + (f" of length {len(state)}" if isinstance(state, (tuple, list)) else ""))
+  for name, layout, shape, s in zip(spec.names, spec.layouts, shapes, state):
+    checks.check_state(f"initial_state {name}", s, shape, layout)
+  return tuple(s.astype(F32) for s in state)
+
+
+def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_final_state,
+        cu_seqlens, backend, interpret, state: State = MATRIX, **options):
+  """Makes the initial state concrete, dispatches, and returns (o, final_state or None).
+
+  `options` go to the backend as keywords; `scale=None` becomes the default K ** -0.5. A Pallas
+  backend module may define `unsupported(*args) -> reason or None` to decline inputs (see
+  dispatch.resolve).
+  """
+  h0 = concrete_state(initial_state, state, d)
+  if "scale" in options and options["scale"] is None:
+    options["scale"] = d.K ** -0.5
   fn = dispatch.resolve(family, kind, backend, interpret,
                         supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(*args))
-  o, S = fn(*args, scale=d.K ** -0.5 if scale is None else scale, initial_state=initial_state,
-            cu_seqlens=cu_seqlens)
+  o, S = fn(*args, initial_state=h0, cu_seqlens=cu_seqlens, **options)
   return o, S if output_final_state else None
+
+
+KINDS = {"chunk": ", chunked (training and prefill)", "fused_recurrent": ", token by token (decode)"}
+
+
+def common_args(state: State = MATRIX, scale: bool = True) -> str:
+  """The Args lines every op shares, after its own inputs, and its Returns."""
+  o_layout = "[B, T, D]" if "D" in state.layouts[0] else "[B, T, H, V]"
+  state_line = textwrap.fill(f"initial_state: {state.describe()} (N = B, or the number of sequences "
+                             "with cu_seqlens); default zeros.", 98, initial_indent="  ",
+                             subsequent_indent="    ")
+  return ("  scale: query scale, default K ** -0.5.\n" if scale else "") + state_line + f"""
+  output_final_state: return the float32 final state (same layout) instead of None.
+  cu_seqlens: int32 [N + 1] offsets of packed sequences (B == 1); the state resets at each boundary.
+  backend: "auto" | "reference" | "xla" | "gpu" | "tpu".  interpret: run a Pallas kernel interpreted.
+Returns:
+  (o {o_layout} in the input dtype, final_state or None).
+"""
+
+
+def document(doc: str, *, state: State = MATRIX, scale: bool = True, **ops):
+  """Sets the docstring of each op (keyword: its kind) to `doc` + `common_args`, with "{kind}"
+  replaced by a phrase (", chunked (training and prefill)") and "{fla}" by the kind ("chunk")."""
+  for kind, fn in ops.items():
+    fn.__doc__ = doc.replace("{kind}", KINDS[kind]).replace("{fla}", kind) + common_args(state, scale)

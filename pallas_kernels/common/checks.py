@@ -37,8 +37,7 @@ def check_qkv(q, k, v, q_name: str = "q") -> tuple[int, int, int, int, int]:
     raise ValueError(f"`v` must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from `{q_name}`; "
                      f"got {tuple(v.shape)}")
   for name, x in ((q_name, q), ("k", k), ("v", v)):
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-      raise ValueError(f"`{name}` must be a floating-point array; got dtype {x.dtype}")
+    check_floating(name, x)
   return B, T, H, K, v.shape[-1]
 
 
@@ -82,3 +81,8 @@ def log_decay(name: str, g):
                        f"its maximum is {gmax}. Pass log-space gates, e.g. jax.nn.log_sigmoid(logits).")
     return g
   return jnp.minimum(g, 0.0)
+
+
+def check_floating(name: str, x):
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"`{name}` must be a floating-point array; got dtype {x.dtype}")

@@ -67,3 +67,26 @@ def resolve(family: str, kind: str, backend: str = "auto", interpret: bool = Fal
       return _find(family, "xla", kind, mixer)
     return functools.partial(fn, interpret=interpret)
   return fn
+
+
+FAMILIES = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "delta_rule", "gated_delta_rule",
+            "kda", "hgrn", "mlstm")
+KINDS = ("chunk", "fused_recurrent")
+IMPLEMENTATIONS = ("xla", "gpu", "tpu")  # "reference" defines every op; auto picks among these
+
+
+def support_table() -> dict[tuple[str, str, str], bool]:
+  """(family, kind, backend) -> whether that backend module defines the op itself (no fallback)."""
+  return {(f, kind, b): _find(f, b, kind, f) is not None
+          for f in FAMILIES for kind in KINDS for b in IMPLEMENTATIONS}
+
+
+def support_markdown() -> str:
+  """`support_table` as the README's table: one row a family, "yes" or "-" per kind and backend."""
+  table = support_table()
+  head = " / ".join(IMPLEMENTATIONS)
+  lines = [f"| family | `chunk_*`: {head} | `fused_recurrent_*`: {head} |", "|---|---|---|"]
+  for f in FAMILIES:
+    cells = [" / ".join("yes" if table[f, kind, b] else "-" for b in IMPLEMENTATIONS) for kind in KINDS]
+    lines.append(f"| `{f}` | {cells[0]} | {cells[1]} |")
+  return "\n".join(lines)

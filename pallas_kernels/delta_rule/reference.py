@@ -7,7 +7,7 @@ from __future__ import annotations
 from pallas_kernels.gated_delta_rule import reference as gdn
 
 
-def fused_recurrent_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=None):
+def fused_recurrent_delta_rule(q, k, v, beta, *, scale, initial_state, cu_seqlens=None):
   """q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H].
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).

@@ -5,7 +5,7 @@ from pallas_kernels.delta_rule.reference import fused_recurrent_delta_rule  # no
 from pallas_kernels.gated_delta_rule import xla as gdn
 
 
-def chunk_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=None,
+def chunk_delta_rule(q, k, v, beta, *, scale, initial_state, cu_seqlens=None,
                      chunk_size: int = gdn.CHUNK):
   """q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H].
 

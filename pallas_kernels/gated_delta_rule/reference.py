@@ -17,14 +17,11 @@ F32 = jnp.float32
 HI = lax.Precision.HIGHEST
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None):
+def gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None):
   """Returns (o [B, T, H, V] float32, final_state [N, H, K, V] float32)."""
   B, T, H, K = q.shape
-  V = v.shape[-1]
   q, k, v, beta = (x.astype(F32) for x in (q, k, v, beta))
   g = jnp.zeros((B, T, H), F32) if g is None else g.astype(F32)
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   def step(S, x):
     q_t, k_t, v_t, g_t, b_t = x
@@ -36,11 +33,11 @@ def gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)
   segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
-  S, o = scan_with_resets(step, h0, tuple(map(time_major, (q, k, v, g, beta))), segments)
+  S, o = scan_with_resets(step, initial_state, tuple(map(time_major, (q, k, v, g, beta))), segments)
   return jnp.moveaxis(o, 0, 1), S
 
 
-def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None):
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None):
   o, S = gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           cu_seqlens=cu_seqlens)
   return o.astype(q.dtype), S

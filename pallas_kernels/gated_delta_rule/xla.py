@@ -24,19 +24,17 @@ from pallas_kernels.gated_delta_rule.reference import fused_recurrent_gated_delt
 CHUNK = 64
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None,
                            chunk_size: int = CHUNK):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K]; beta [B, T, H].
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
   B, T, H, K = q.shape
-  V, dt, C = v.shape[-1], q.dtype, chunk_size
+  dt, C = q.dtype, chunk_size
   g = jnp.zeros((B, T, H, 1), F32) if g is None else g.astype(F32)
   g = g[..., None] if g.ndim == 3 else g
   beta = beta.astype(F32)[..., None]
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   # Pad (and for varlen re-pack chunk-aligned) with tokens that leave the state unchanged.
   layout = None
@@ -70,7 +68,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
   segments = None if layout is None else layout.segments
-  S, (S_in, v_new) = scan_with_resets(step, h0, tuple(map(chunk_major, (w, u, k_out, decay_last))),
+  S, (S_in, v_new) = scan_with_resets(step, initial_state, tuple(map(chunk_major, (w, u, k_out, decay_last))),
                                       segments)
   S_in, v_new = jnp.moveaxis(S_in, 0, 2), jnp.moveaxis(v_new, 0, 2)  # [B, H, N, ...]
   q_dec = q.astype(F32) * jnp.exp(G) * scale

@@ -16,17 +16,14 @@ F32 = jnp.float32
 HI = lax.Precision.HIGHEST
 
 
-def gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None):
+def gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K]; u None or [H, K].
 
   Returns (o [B, T, H, V] float32, final_state [N, H, K, V] float32).
   """
   B, T, H, K = q.shape
-  V = v.shape[-1]
   q, k, v = (x.astype(F32) for x in (q, k, v))
   g = jnp.zeros((B, T, H), F32) if g is None else g.astype(F32)
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   def step(S, x):
     q_t, k_t, v_t, g_t = x
@@ -38,11 +35,11 @@ def gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None):
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)
   segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
-  S, o = scan_with_resets(step, h0, tuple(map(time_major, (q, k, v, g))), segments)
+  S, o = scan_with_resets(step, initial_state, tuple(map(time_major, (q, k, v, g))), segments)
   return jnp.moveaxis(o, 0, 1), S
 
 
-def fused_recurrent_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None):
+def fused_recurrent_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None):
   """`gla` with o in q.dtype (the decode path of every backend without a kernel)."""
   o, S = gla(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, u=u)
   return o.astype(q.dtype), S

@@ -22,7 +22,7 @@ from pallas_kernels.gla.reference import fused_recurrent_gla  # noqa: F401
 CHUNK = 64
 
 
-def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None,
+def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None,
               chunk_size: int = CHUNK):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K] log decays;
   u None, or the RWKV-6 bonus [H, K] (then o_t reads S_{t-1}).
@@ -30,11 +30,9 @@ def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None,
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
   B, T, H, K = q.shape
-  V, dt, C = v.shape[-1], q.dtype, chunk_size
+  dt, C = q.dtype, chunk_size
   g = jnp.zeros((B, T, H, 1), F32) if g is None else g.astype(F32)
   g = g[..., None] if g.ndim == 3 else g
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   # Pad (and for varlen re-pack chunk-aligned) with zero tokens: k = 0, g = 0 leave the state as is.
   layout = None if cu_seqlens is None else varlen.chunk_layout(cu_seqlens, T, C)
@@ -63,7 +61,7 @@ def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None,
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
   segments = None if layout is None else layout.segments
-  S, S_in = scan_with_resets(step, h0, tuple(map(chunk_major, (k_out, v, decay_last))), segments)
+  S, S_in = scan_with_resets(step, initial_state, tuple(map(chunk_major, (k_out, v, decay_last))), segments)
   q_dec = q.astype(F32) * jnp.exp(Gq) * scale
   o = o + mm("bhnck,bhnkv->bhncv", q_dec, jnp.moveaxis(S_in, 0, 2), dt)
   o = from_chunks(o.astype(dt))

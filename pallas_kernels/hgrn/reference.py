@@ -12,11 +12,9 @@ from pallas_kernels.common.varlen import token_segments
 F32 = jnp.float32
 
 
-def hgrn(x, g, *, initial_state=None, cu_seqlens=None):
+def hgrn(x, g, *, initial_state, cu_seqlens=None):
   """x, g [B, T, D]. Returns (o [B, T, D] float32, final_state [N, D] float32)."""
   B, T, D = x.shape
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, D), F32) if initial_state is None else initial_state.astype(F32)
 
   def step(h, inputs):
     x_t, g_t = inputs
@@ -25,11 +23,11 @@ def hgrn(x, g, *, initial_state=None, cu_seqlens=None):
 
   time_major = lambda a: jnp.moveaxis(a.astype(F32), 1, 0)
   segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
-  h, o = scan_with_resets(step, h0, (time_major(x), time_major(g)), segments)
+  h, o = scan_with_resets(step, initial_state, (time_major(x), time_major(g)), segments)
   return jnp.moveaxis(o, 0, 1), h
 
 
-def fused_recurrent_hgrn(x, g, *, initial_state=None, cu_seqlens=None):
+def fused_recurrent_hgrn(x, g, *, initial_state, cu_seqlens=None):
   o, h = hgrn(x, g, initial_state=initial_state, cu_seqlens=cu_seqlens)
   return o.astype(x.dtype), h
 

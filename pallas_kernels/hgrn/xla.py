@@ -32,13 +32,11 @@ def _chunk_local_scan(g, x):
   return g, x
 
 
-def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, chunk_size: int = CHUNK):
+def chunk_hgrn(x, g, *, initial_state, cu_seqlens=None, chunk_size: int = CHUNK):
   """x, g [B, T, D]. Returns (o [B, T, D] in x.dtype, final_state [N, D] float32)."""
   B, T, D = x.shape
   C = chunk_size
   xf, gf = x.astype(F32), g.astype(F32)
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, D), F32) if initial_state is None else initial_state.astype(F32)
 
   # Pad (and for varlen re-pack chunk-aligned) with x = g = 0, which leaves the state unchanged.
   layout = None
@@ -58,7 +56,7 @@ def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, chunk_size: int = C
 
   chunk_major = lambda a: jnp.moveaxis(a[:, :, -1], 1, 0)               # [N, B, D]
   segments = None if layout is None else layout.segments
-  S, S_in = scan_with_resets(step, h0, (chunk_major(G), chunk_major(h_loc)), segments)
+  S, S_in = scan_with_resets(step, initial_state, (chunk_major(G), chunk_major(h_loc)), segments)
   o = h_loc + jnp.exp(G) * jnp.moveaxis(S_in, 0, 1)[:, :, None]
   o = o.reshape(Bp, Tp, D).astype(x.dtype)
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)

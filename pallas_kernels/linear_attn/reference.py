@@ -14,7 +14,7 @@ from pallas_kernels.simple_gla.reference import fused_recurrent_simple_gla
 F32 = jnp.float32
 
 
-def fused_recurrent_linear_attn(q, k, v, *, scale, initial_state=None, cu_seqlens=None):
+def fused_recurrent_linear_attn(q, k, v, *, scale, initial_state, cu_seqlens=None):
   """Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32)."""
   return fused_recurrent_simple_gla(q, k, v, None, None, scale=scale, initial_state=initial_state,
                                     cu_seqlens=cu_seqlens)

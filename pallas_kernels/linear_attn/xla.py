@@ -5,7 +5,7 @@ from pallas_kernels.linear_attn.reference import fused_recurrent_linear_attn  # 
 from pallas_kernels.simple_gla.xla import chunk_simple_gla
 
 
-def chunk_linear_attn(q, k, v, *, scale, initial_state=None, cu_seqlens=None):
+def chunk_linear_attn(q, k, v, *, scale, initial_state, cu_seqlens=None):
   """q, k [B, T, H, K]; v [B, T, H, V]. Returns (o [B, T, H, V] in q.dtype, final_state f32)."""
   return chunk_simple_gla(q, k, v, None, None, scale=scale, initial_state=initial_state,
                           cu_seqlens=cu_seqlens)

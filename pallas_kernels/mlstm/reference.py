@@ -20,18 +20,9 @@ HI = lax.Precision.HIGHEST
 EPS = 1e-6  # mlstm_kernels' default
 
 
-def initial_states(initial_state, N, H, K, V):
-  """The float32 state (C [N, H, K, V], n [N, H, K], m [N, H]); zeros by default (mlstm_kernels')."""
-  if initial_state is None:
-    return jnp.zeros((N, H, K, V), F32), jnp.zeros((N, H, K), F32), jnp.zeros((N, H), F32)
-  return tuple(s.astype(F32) for s in initial_state)
-
-
-def mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None):
+def mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None):
   """Returns (o [B, T, H, V] float32, (C [N, H, K, V], n [N, H, K], m [N, H]) float32)."""
   B, T, H, K = q.shape
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  state0 = initial_states(initial_state, n_seq, H, K, v.shape[-1])
   q, k, v, i = (x.astype(F32) for x in (q, k, v, i))
   logf = jax.nn.log_sigmoid(f.astype(F32))
 
@@ -49,11 +40,11 @@ def mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None):
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)
   segments = None if cu_seqlens is None else token_segments(cu_seqlens, T)
-  state, o = scan_with_resets(step, state0, tuple(map(time_major, (q, k, v, i, logf))), segments)
+  state, o = scan_with_resets(step, tuple(initial_state), tuple(map(time_major, (q, k, v, i, logf))), segments)
   return jnp.moveaxis(o, 0, 1), state
 
 
-def fused_recurrent_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None):
+def fused_recurrent_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None):
   o, state = mlstm(q, k, v, i, f, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
   return o.astype(q.dtype), state
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.common import tpu_layout as tl
 from pallas_kernels.common.tpu_mlstm import KERNEL, Static
-from pallas_kernels.mlstm.reference import EPS, initial_states
+from pallas_kernels.mlstm.reference import EPS
 from pallas_kernels.mlstm.xla import NO_INPUT
 
 F32 = jnp.float32
@@ -22,7 +22,7 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, in
   """
   H, K = q.shape[2:]
   p, _, qkv = tl.qkv_inputs(q, k, v, None, cu_seqlens, chunk_size)  # the state is a tuple here
-  C0, n0, m0 = initial_states(initial_state, p.n_seq, H, K, v.shape[-1])
+  C0, n0, m0 = initial_state
   logf = tl.to_rows(tl.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
   xs = (*qkv, logf, tl.to_rows(tl.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
   st = Static(p.N, p.C, float(scale), EPS, interpret)

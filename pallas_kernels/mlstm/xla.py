@@ -24,7 +24,7 @@ from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import (F32, causal_mask, chunk_local_cumsum, from_chunks, mm,
                                          to_chunks)
 from pallas_kernels.common.scan import scan_with_resets
-from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm, initial_states  # noqa: F401
+from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm  # noqa: F401
 
 CHUNK = 64
 NO_INPUT = -1e30  # input-gate value of padding tokens: exp(i - m) == 0, finite so no NaN in gradients
@@ -42,15 +42,13 @@ def _segment_sums(logf):
   return jnp.cumsum(jnp.where(causal_mask(C, strict=True), logf[..., :, None], 0.0), axis=-2)
 
 
-def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, chunk_size: int = CHUNK):
+def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_size: int = CHUNK):
   """q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] pre-activations.
 
   Returns (o [B, T, H, V] in q.dtype, (C [N, H, K, V], n [N, H, K], m [N, H]) float32).
   """
   B, T, H, K = q.shape
-  V, dt, C = v.shape[-1], q.dtype, chunk_size
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  state0 = initial_states(initial_state, n_seq, H, K, V)
+  dt, C = q.dtype, chunk_size
   i, logf = i.astype(F32), jax.nn.log_sigmoid(f.astype(F32))
 
   layout = None
@@ -82,7 +80,7 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, ch
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
   segments = None if layout is None else layout.segments
-  state, starts = scan_with_resets(step, state0, tuple(map(chunk_major, (g, m_loc, C_loc, n_loc))),
+  state, starts = scan_with_resets(step, tuple(initial_state), tuple(map(chunk_major, (g, m_loc, C_loc, n_loc))),
                                    segments)
   C0, n0, m0 = (jnp.moveaxis(s, 0, 2) for s in starts)               # [B, H, N, ...]
 

@@ -14,7 +14,7 @@ def retention_log_decay(H: int):
   return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(H, dtype=jnp.float32)))
 
 
-def fused_recurrent_retention(q, k, v, *, scale, initial_state=None, cu_seqlens=None):
+def fused_recurrent_retention(q, k, v, *, scale, initial_state, cu_seqlens=None):
   """Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32)."""
   return fused_recurrent_simple_gla(q, k, v, None, retention_log_decay(q.shape[2]), scale=scale,
                                     initial_state=initial_state, cu_seqlens=cu_seqlens)

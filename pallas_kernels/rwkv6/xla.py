@@ -6,7 +6,7 @@ from pallas_kernels.gla.xla import chunk_gla
 from pallas_kernels.rwkv6.reference import fused_recurrent_rwkv6  # noqa: F401
 
 
-def chunk_rwkv6(r, k, v, w, u, *, scale, initial_state=None, cu_seqlens=None):
+def chunk_rwkv6(r, k, v, w, u, *, scale, initial_state, cu_seqlens=None):
   """r, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K] log decays; u [H, K] bonus.
 
   Returns (o [B, T, H, V] in r.dtype, final_state [N, H, K, V] float32).

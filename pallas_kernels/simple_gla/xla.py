@@ -6,7 +6,7 @@ from pallas_kernels.gla.xla import chunk_gla
 from pallas_kernels.simple_gla.reference import fused_recurrent_simple_gla, scalar_gate  # noqa: F401
 
 
-def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state=None, cu_seqlens=None):
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state, cu_seqlens=None):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H]; g_gamma None or [H].
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).

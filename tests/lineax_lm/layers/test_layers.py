@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.layers import MIXERS, Dims, build_mixer, mixer_config
+from lineax_lm.layers import MIXERS, LayerSpec, build_mixer, mixer_config
 from lineax_lm.layers.common import ShortConv, causal_taps, rope
 from tests.lineax_lm.tiny import HIDDEN, INIT_STD, TINY_MIXER
 
@@ -15,7 +15,7 @@ B, L = 2, 19
 
 def make(name, **kw):
   cfg = mixer_config(name, backend="xla", **{**TINY_MIXER[name], **kw})
-  return build_mixer(name, cfg, Dims(HIDDEN, init_std=INIT_STD), nnx.Rngs(0))
+  return build_mixer(name, cfg, LayerSpec(HIDDEN, init_std=INIT_STD), nnx.Rngs(0))
 
 
 def inputs(shape=(B, L, HIDDEN), seed=0):
@@ -87,7 +87,7 @@ def test_attention_is_llama_attention(window):
 
 
 def test_short_conv_is_causal_depthwise_conv_and_respects_resets():
-  conv = ShortConv(3, 4, Dims(HIDDEN, init_std=1.0), nnx.Rngs(0), activation=None)
+  conv = ShortConv(3, 4, LayerSpec(HIDDEN, init_std=1.0), nnx.Rngs(0), activation=None)
   x = inputs((1, 9, 3))
   w = np.asarray(conv.weight[...])
   xp = np.concatenate([np.zeros((1, 3, 3)), np.asarray(x)], 1)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.models.generate import cache_bytes, cache_report, real_cache_bytes
+from lineax_lm.models.cache import cache_bytes, cache_report, real_cache_bytes
 from lineax_lm.models.hybrid import HybridLM
 from lineax_lm.models.presets import PRESETS, count_params, format_counts, get_preset
 from tests.lineax_lm.tiny import tiny_config
@@ -25,7 +25,7 @@ def test_340m_presets_are_340m():
 
 def test_fla_anchor_preset_matches_fla_gated_deltanet():
   """fla's GatedDeltaNetForCausalLM(hidden 1024, 24 layers, 4 heads x 256, expand_v 2, vocab 32000)
-  has 475M parameters (../shared/anchors/H200.md)."""
+  has 475M parameters (counted with torch on the GPU host; benchmarks/NOTES.md)."""
   counts = count_params(get_preset("gated_deltanet_340m_fla"))
   print(format_counts("gated_deltanet_340m_fla", counts))
   assert round(counts["total"] / 1e6) == 475

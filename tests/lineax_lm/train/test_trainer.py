@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from lineax_lm.train import checkpoint, sharding
+from lineax_lm import sharding
+from lineax_lm.train import checkpoint
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, TrainingStopped, train_and_evaluate, validate_config
 from lineax_lm.data.pipeline import make_dataset

@@ -1,8 +1,10 @@
-"""Device mesh and logical-axis sharding rules (a data table, as in MaxText).
+"""The device mesh: its axes, the logical-axis sharding rules (a data table, as in MaxText), and
+how an op call is sharded over it.
 
 Mesh axes: ("data", "fsdp", "tensor"). Parameters carry logical axis names (nnx.with_partitioning
 metadata set by the layers); RULES maps each logical name to mesh axes. A dimension that the mesh
-axis does not divide, or a mesh axis already used by another dimension, stays replicated.
+axis does not divide, or a mesh axis already used by another dimension, stays replicated. Layers,
+the model and the training loop all read the mesh through this module.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
 
 # logical axis -> mesh axes, in order of preference.
 RULES = {
@@ -83,3 +86,30 @@ def batch_sharding(mesh) -> NamedSharding:
 
 def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def shard_op(call, args: tuple, state, arrays: dict, cu_seqlens):
+  """`call(args, state, arrays, cu_seqlens) -> (o, final state or None)` under the current mesh.
+
+  Pallas kernels do not partition: inside `jit` they see the global array. So under a mesh with
+  the training axes the call runs inside `jax.shard_map` over the batch (data, fsdp) and head
+  (tensor) axes, each device on its own rows and heads; axes that do not divide an array's size
+  stay replicated. `args` are time-major [B, L, H, ...] (HGRN: [B, L, D], D split like heads),
+  `state` leaves [B, H, ...], `arrays` per-head [H, ...], `cu_seqlens` per row [B, ...]. Without such a
+  mesh (or on one device) it is a plain call.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
+    return call(args, state, arrays, cu_seqlens)
+  B = args[0].shape[0]
+  batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
+  shards = math.prod(mesh.shape[a] for a in batch)
+  batch = batch if batch and B % shards == 0 else None
+  heads_dim = args[0].shape[2] if args[0].ndim >= 3 else args[0].shape[-1]
+  head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and heads_dim % mesh.shape[HEAD_AXIS] == 0 else None
+  timed, per_seq = P(batch, None, head), P(batch, head)
+  specs_in = (tuple(timed for _ in args), None if state is None else per_seq,
+              {n: P(head) for n in arrays}, None if cu_seqlens is None else P(batch))
+  sharded = jax.shard_map(call, mesh=mesh, in_specs=specs_in,
+                          out_specs=(timed, None if state is None else per_seq), check_vma=False)
+  return sharded(args, state, arrays, cu_seqlens)
