@@ -1,0 +1,80 @@
+"""The front door every op shares: the top-level exports, the support table and the README's copy
+of it, and the initial state that backends receive."""
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels
+from pallas_kernels.common import api, dispatch
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_public_op_is_exported_at_the_top():
+  for family in dispatch.FAMILIES:
+    for kind in dispatch.KINDS:
+      name = f"{kind}_{family}"
+      assert getattr(pallas_kernels, name) is getattr(__import__(f"pallas_kernels.{family}",
+                                                                 fromlist=[name]), name)
+      assert name in pallas_kernels.__all__
+
+
+def test_support_table_covers_every_family_and_reference_defines_every_op():
+  table = dispatch.support_table()
+  assert {f for f, _, _ in table} == set(dispatch.FAMILIES)
+  assert all(table[f, "chunk", "xla"] for f in dispatch.FAMILIES)
+  for f in dispatch.FAMILIES:
+    for kind in dispatch.KINDS:
+      assert dispatch.resolve(f, kind, "reference") is not None
+
+
+def test_readme_table_is_the_support_table():
+  """Regenerate with: python -c "from pallas_kernels.common import dispatch;
+  print(dispatch.support_markdown())" and paste it under the README's comment line."""
+  assert dispatch.support_markdown() in README.read_text()
+
+
+@pytest.mark.parametrize("family", dispatch.FAMILIES)
+def test_backends_receive_a_concrete_float32_initial_state(family, monkeypatch):
+  """api.run hands the backend float32 zeros of the family's state layout when the caller gives
+  none, so no backend handles `initial_state=None` itself."""
+  seen = {}
+
+  def fake_backend(*args, initial_state, cu_seqlens, **options):
+    seen.update(state=initial_state, options=options)
+    return args[0], initial_state
+
+  monkeypatch.setattr(dispatch, "resolve", lambda *a, **k: fake_backend)
+  op = getattr(pallas_kernels, f"chunk_{family}")
+  B, T, H, K, V = 2, 8, 3, 4, 5
+  x = lambda *s: jnp.asarray(np.random.default_rng(0).standard_normal(s), jnp.float32)
+  gate = lambda *s: -jnp.abs(x(*s))
+  args = {"hgrn": (x(B, T, 6), gate(B, T, 6)),
+          "mlstm": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), x(B, T, H), x(B, T, H)),
+          "simple_gla": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gate(B, T, H)),
+          "gla": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gate(B, T, H, K)),
+          "rwkv6": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gate(B, T, H, K), x(H, K)),
+          "delta_rule": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), x(B, T, H)),
+          "gated_delta_rule": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gate(B, T, H), x(B, T, H)),
+          "kda": (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V), gate(B, T, H, K), x(B, T, H))
+          }.get(family, (x(B, T, H, K), x(B, T, H, K), x(B, T, H, V)))
+  op(*args)
+  expected = {"hgrn": [(B, 6)], "mlstm": [(B, H, K, V), (B, H, K), (B, H)]}.get(family, [(B, H, K, V)])
+  leaves = seen["state"] if isinstance(seen["state"], tuple) else (seen["state"],)
+  assert [s.shape for s in leaves] == expected
+  assert all(s.dtype == jnp.float32 and not jnp.any(s) for s in leaves)
+  if family != "hgrn":
+    assert seen["options"]["scale"] == K ** -0.5
+
+
+def test_state_errors_name_the_argument():
+  d = api.Dims(B=2, T=4, H=3, K=4, V=5, N=2)
+  mlstm = api.State(("[N, H, K, V]", "[N, H, K]", "[N, H]"), names=("C", "n", "m"))
+  with pytest.raises(ValueError, match=r"`initial_state` must be the tuple \(C \[N, H, K, V\]"):
+    api.concrete_state(jnp.zeros((2, 3, 4, 5)), mlstm, d)
+  with pytest.raises(ValueError, match="`initial_state n` must have shape"):
+    api.concrete_state((jnp.zeros((2, 3, 4, 5)), jnp.zeros((2, 3, 5)), jnp.zeros((2, 3))), mlstm, d)
+  with pytest.raises(ValueError, match="`initial_state` must have shape"):
+    api.concrete_state(jnp.zeros((1, 3, 4, 5)), api.MATRIX, d)
