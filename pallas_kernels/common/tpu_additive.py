@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import (F32, Decay, as_col, causal, dot, like, state_decay,
-                                             state_gate_grad)
+from pallas_kernels.common.tpu import layout, state_kernel
+from pallas_kernels.common.tpu.chunk_math import (F32, Decay, as_col, causal, dot, like,
+                                                  state_decay, state_gate_grad)
 
 
 class _Static(NamedTuple):
@@ -90,8 +90,8 @@ def _bonus_grad(st: _Static, xs, do):
   return (jnp.sum(dbonus * q.astype(F32) * k.astype(F32), axis=(0, 2))[:, None, :].astype(u.dtype),)
 
 
-ADDITIVE = tl.StateKernel("additive", _forward, _backward)
-RWKV6 = tl.StateKernel("rwkv6", _forward, _backward, _bonus_grad)
+ADDITIVE = state_kernel.StateKernel("additive", _forward, _backward)
+RWKV6 = state_kernel.StateKernel("rwkv6", _forward, _backward, _bonus_grad)
 
 
 def chunk_additive(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=None,
@@ -101,11 +101,11 @@ def chunk_additive(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
-  p, h0, qkv = tl.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
-  g, G = tl.log_gates(g, p, q.shape[2])
+  p, h0, qkv = layout.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
+  g, G = layout.log_gates(g, p, q.shape[2])
   xs = (*qkv, G)
   if u is not None:
     xs += (G - g, u.astype(F32)[:, None, :])
   st = _Static(p.N, p.C, float(scale), u is not None, interpret)
-  o, final = tl.run(ADDITIVE if u is None else RWKV6, st, p, xs, h0)
-  return tl.from_kernel(o, p), final
+  o, final = state_kernel.run(ADDITIVE if u is None else RWKV6, st, p, xs, h0)
+  return layout.from_kernel(o, p), final

@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import (F32, Decay, as_col, causal, dot, like, state_decay,
-                                             state_gate_grad, unit_lower_inverse)
+from pallas_kernels.common.tpu import layout, state_kernel
+from pallas_kernels.common.tpu.chunk_math import (F32, Decay, as_col, causal, dot, like,
+                                                  state_decay, state_gate_grad, unit_lower_inverse)
 
 
 class _Static(NamedTuple):
@@ -101,7 +101,7 @@ def _backward(st: _Static, xs, S, do, dS):
   return (dq, dk, dvb * beta, like(dG, xs[3]), like(dbeta, xs[4])), dS_prev
 
 
-KERNEL = tl.StateKernel("delta_rule", _forward, _backward)
+KERNEL = state_kernel.StateKernel("delta_rule", _forward, _backward)
 
 
 def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
@@ -111,8 +111,8 @@ def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
 
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
-  p, h0, qkv = tl.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
-  _, G = tl.log_gates(g, p, q.shape[2])
-  xs = (*qkv, G, tl.to_rows(tl.to_kernel(beta, p, F32), p))
-  o, final = tl.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
-  return tl.from_kernel(o, p), final
+  p, h0, qkv = layout.qkv_inputs(q, k, v, initial_state, cu_seqlens, chunk_size)
+  _, G = layout.log_gates(g, p, q.shape[2])
+  xs = (*qkv, G, layout.to_rows(layout.to_kernel(beta, p, F32), p))
+  o, final = state_kernel.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
+  return layout.from_kernel(o, p), final

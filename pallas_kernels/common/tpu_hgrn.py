@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import F32, decayed_prefix, iota, row, shift_rows
+from pallas_kernels.common.tpu import layout, state_kernel
+from pallas_kernels.common.tpu.chunk_math import F32, decayed_prefix, iota, row, shift_rows
 
 LANES = 128
 
@@ -48,7 +48,7 @@ def _backward(st: _Static, xs, S, do, dS):
   return (lam, lam * jnp.exp(g) * h_prev), row(lam * jnp.exp(g), 0)
 
 
-KERNEL = tl.StateKernel("hgrn", _forward, _backward)
+KERNEL = state_kernel.StateKernel("hgrn", _forward, _backward)
 
 
 def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False, chunk_size: int = 64):
@@ -56,10 +56,10 @@ def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False, ch
   B, T, D = x.shape
   BD = LANES if D % LANES == 0 else D
   nD = D // BD
-  p = tl.plan(B, T, cu_seqlens, chunk_size)
-  h0 = tl.initial_states(None if initial_state is None else initial_state.reshape(-1, nD, 1, BD),
-                         p, (nD, 1, BD))
+  p = layout.plan(B, T, cu_seqlens, chunk_size)
+  h0 = layout.initial_states(
+      None if initial_state is None else initial_state.reshape(-1, nD, 1, BD), p, (nD, 1, BD))
   tiles = lambda a: a.reshape(B, T, nD, BD)
-  xs = (tl.to_kernel(tiles(x), p), tl.to_kernel(tiles(g), p, F32))
-  o, final = tl.run(KERNEL, _Static(p.N, p.C, interpret), p, xs, h0)
-  return tl.from_kernel(o, p).reshape(B, T, D), final.reshape(-1, D)
+  xs = (layout.to_kernel(tiles(x), p), layout.to_kernel(tiles(g), p, F32))
+  o, final = state_kernel.run(KERNEL, _Static(p.N, p.C, interpret), p, xs, h0)
+  return layout.from_kernel(o, p).reshape(B, T, D), final.reshape(-1, D)

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.common import tpu_layout as tl
-from pallas_kernels.common.tpu_math import (F32, causal, col_to_row, dot, iota, masked_exp, row,
-                                             row_to_col)
+from pallas_kernels.common.tpu import state_kernel
+from pallas_kernels.common.tpu.chunk_math import (F32, causal, col_to_row, dot, iota, masked_exp,
+                                                  row, row_to_col)
 
 
 class Static(NamedTuple):
@@ -146,4 +146,4 @@ def _backward(st: Static, xs, S, do, dS):
   return (dq, dk, dv, dlf, di), (dCs, dns, dms)
 
 
-KERNEL = tl.StateKernel("mlstm", _forward, _backward)
+KERNEL = state_kernel.StateKernel("mlstm", _forward, _backward)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.common import tpu_layout as tl
+from pallas_kernels.common.tpu import layout, state_kernel
 from pallas_kernels.common.tpu_mlstm import KERNEL, Static
 from pallas_kernels.mlstm.reference import EPS, initial_states
 from pallas_kernels.mlstm.xla import NO_INPUT
@@ -21,10 +21,10 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, in
   like xla.py.
   """
   H, K = q.shape[2:]
-  p, _, qkv = tl.qkv_inputs(q, k, v, None, cu_seqlens, chunk_size)  # the state is a tuple here
+  p, _, qkv = layout.qkv_inputs(q, k, v, None, cu_seqlens, chunk_size)  # the state is a tuple here
   C0, n0, m0 = initial_states(initial_state, p.n_seq, H, K, v.shape[-1])
-  logf = tl.to_rows(tl.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
-  xs = (*qkv, logf, tl.to_rows(tl.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
+  logf = layout.to_rows(layout.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
+  xs = (*qkv, logf, layout.to_rows(layout.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
   st = Static(p.N, p.C, float(scale), EPS, interpret)
-  o, (C, n, m) = tl.run(KERNEL, st, p, xs, (C0, n0[:, :, None], m0[:, :, None, None]))
-  return tl.from_kernel(o, p), (C, n[:, :, 0], m[:, :, 0, 0])
+  o, (C, n, m) = state_kernel.run(KERNEL, st, p, xs, (C0, n0[:, :, None], m0[:, :, None, None]))
+  return layout.from_kernel(o, p), (C, n[:, :, 0], m[:, :, 0, 0])
