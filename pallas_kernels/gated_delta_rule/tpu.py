@@ -1,5 +1,7 @@
-"""Mosaic TPU kernels for the delta-rule class: gated delta rule (scalar gate), delta rule (no gate)
-and KDA (per-channel gate), forward and backward under one `jax.custom_vjp`.
+"""Gated delta rule on TPU, and the Mosaic kernel of the delta-rule class it heads: gated delta rule
+(scalar gate), delta rule (no gate) and KDA (per-channel gate; delta_rule/tpu.py and kda/tpu.py
+adapt onto `chunk_delta`), forward and backward under one `jax.custom_vjp` (the runner of
+common/tpu/state_kernel). `interpret=True` runs it in TPU interpret mode on any host.
 
 Grid (batch, head, chunk), dimension semantics ("parallel", "parallel", "arbitrary"). Per chunk of
 C tokens, with G the chunk-local gate cumsum (computed outside; [C, 1] or [C, K]):
@@ -95,7 +97,8 @@ def _backward(st: _Static, xs, S, do, dS):
   dkb = la + dkbG * c.eG
   dq = dqg * c.eG + lq
   dk = dk_out * jnp.exp(c.G_last - G) + rq + ra + dkb * beta
-  dbeta = jnp.sum(c.kf * dkb, axis=1, keepdims=True) + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True)
+  dbeta = (jnp.sum(c.kf * dkb, axis=1, keepdims=True)
+           + jnp.sum(v.astype(F32) * dvb, axis=1, keepdims=True))
   dG = dqg * qf * c.eG + dkbG * kbG + qf * lq - c.kf * rq + c.kb * la - c.kf * ra
   dG = state_gate_grad(dG, dk_out, c.k_out, S, dS, c.G_last)
   return (dq, dk, dvb * beta, like(dG, xs[3]), like(dbeta, xs[4])), dS_prev
@@ -116,3 +119,13 @@ def chunk_delta(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
   xs = (*qkv, G, layout.to_rows(layout.to_kernel(beta, p, F32), p))
   o, final = state_kernel.run(KERNEL, _Static(p.N, p.C, float(scale), interpret), p, xs, h0)
   return layout.from_kernel(o, p), final
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
+                           interpret=False):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H] (g may also be [B, T, H, K]).
+
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32), exactly like xla.py.
+  """
+  return chunk_delta(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     cu_seqlens=cu_seqlens, interpret=interpret)

@@ -1,15 +1,17 @@
-"""Mosaic TPU kernels for the additive class: GLA (per-channel gate), simple GLA / retention / linear
-attention (scalar gate or none) and RWKV-6 (per-channel gate, query reads the previous state, bonus
-u), forward and backward under one `jax.custom_vjp`.
+"""GLA on TPU, and the Mosaic kernel of the additive class it heads: GLA (per-channel gate), simple
+GLA / retention / linear attention (scalar gate or none; their tpu.py adapt onto `chunk_additive`)
+and RWKV-6 (per-channel gate, query reads the previous state, bonus u), forward and backward under
+one `jax.custom_vjp` (the runner of common/tpu/state_kernel). `interpret=True` runs it in TPU
+interpret mode on any host.
 
 Grid (batch, head, chunk), dimension semantics ("parallel", "parallel", "arbitrary"). Per chunk,
 with G the chunk-local gate cumsum and Gq = G (or G - g for RWKV-6), both computed outside:
   o  = scale (q exp(Gq)) S + scale scores(q, k) v  [+ scale (q . u k) v for RWKV-6]
   S <- exp(G_C) S + (k exp(G_C - G))^T v
-scores(q, k)_ij = sum_c q_ic k_jc exp(Gq_ic - G_jc) on j <= i (j < i for RWKV-6); see tpu_math.Decay.
-The float32 state lives in VMEM across the chunk axis; the backward kernel walks the chunks in
-reverse with dS in VMEM, reading the chunk-start states the forward saved. The bonus gradient du is
-a sum over tokens and is formed outside the kernel.
+scores(q, k)_ij = sum_c q_ic k_jc exp(Gq_ic - G_jc) on j <= i (j < i for RWKV-6); see
+chunk_math.Decay. The float32 state lives in VMEM across the chunk axis; the backward kernel walks
+the chunks in reverse with dS in VMEM, reading the chunk-start states the forward saved. The bonus
+gradient du is a sum over tokens and is formed outside the kernel.
 """
 from __future__ import annotations
 
@@ -109,3 +111,13 @@ def chunk_additive(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, u=
   st = _Static(p.N, p.C, float(scale), u is not None, interpret)
   o, final = state_kernel.run(ADDITIVE if u is None else RWKV6, st, p, xs, h0)
   return layout.from_kernel(o, p), final
+
+
+def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, interpret=False):
+  """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decays (a scalar [B, T, H] gate also
+  works).
+
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32), exactly like xla.py.
+  """
+  return chunk_additive(q, k, v, g, scale=scale, initial_state=initial_state,
+                        cu_seqlens=cu_seqlens, interpret=interpret)

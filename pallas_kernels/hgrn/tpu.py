@@ -1,5 +1,6 @@
-"""Mosaic TPU kernel for HGRN's elementwise recurrence h_t = exp(g_t) h_{t-1} + x_t (o_t = h_t),
-forward and backward under one `jax.custom_vjp` (the StateKernel runner of tpu_layout).
+"""HGRN on TPU: a Mosaic kernel for the elementwise recurrence h_t = exp(g_t) h_{t-1} + x_t
+(o_t = h_t), forward and backward under one `jax.custom_vjp` (the runner of
+common/tpu/state_kernel). `interpret=True` runs it in TPU interpret mode on any host.
 
 The width D is cut into tiles of 128 lanes (or taken whole) that play the role of heads: grid
 (batch, width tiles, chunks), dimension semantics ("parallel", "parallel", "arbitrary"), the state a
@@ -52,7 +53,8 @@ KERNEL = state_kernel.StateKernel("hgrn", _forward, _backward)
 
 
 def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False, chunk_size: int = 64):
-  """x, g [B, T, D]. Returns (o [B, T, D] in x.dtype, final_state [N, D] float32)."""
+  """x, g [B, T, D]. Returns (o [B, T, D] in x.dtype, final_state [N, D] float32), exactly like
+  xla.py."""
   B, T, D = x.shape
   BD = LANES if D % LANES == 0 else D
   nD = D // BD

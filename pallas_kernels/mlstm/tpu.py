@@ -1,5 +1,6 @@
-"""Mosaic TPU kernel for the xLSTM mLSTM (exponential input gate, sigmoid forget gate in log space,
-normalizer n and max-stabilizer m), forward and backward, for the StateKernel runner of tpu_layout.
+"""mLSTM on TPU: a Mosaic kernel for the xLSTM mLSTM (exponential input gate, sigmoid forget gate in
+log space, normalizer n and max-stabilizer m), forward and backward under one `jax.custom_vjp` (the
+runner of common/tpu/state_kernel). `interpret=True` runs it in TPU interpret mode on any host.
 
 The state is the tuple (C [K, V], n [1, K], m [1, 1]), three float32 VMEM scratches carried across
 the chunk axis. Per chunk, with log f and the input gates i as rows [1, C] (computed outside;
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
-from pallas_kernels.common.tpu import state_kernel
+from pallas_kernels.common.tpu import layout, state_kernel
 from pallas_kernels.common.tpu.chunk_math import (F32, causal, col_to_row, dot, iota, masked_exp,
                                                   row, row_to_col)
+from pallas_kernels.mlstm.reference import EPS, initial_states
+from pallas_kernels.mlstm.xla import NO_INPUT
 
 
-class Static(NamedTuple):
+class _Static(NamedTuple):
   N: int
   C: int
   scale: float
@@ -55,7 +59,7 @@ def _masks(C: int):
   return jnp.where(r <= t, 1.0, 0.0), jnp.where(r < t, 1.0, 0.0)
 
 
-def _chunk(st: Static, xs, S) -> _Chunk:
+def _chunk(st: _Static, xs, S) -> _Chunk:
   q, k, v, lf_r, i_r = xs
   Cs, ns, ms = S
   dt, C = q.dtype, st.C
@@ -79,7 +83,7 @@ def _chunk(st: Static, xs, S) -> _Chunk:
                 k.astype(F32) * w)
 
 
-def _forward(st: Static, xs, S):
+def _forward(st: _Static, xs, S):
   c = _chunk(st, xs, S)
   Cs, ns, _ = S
   v = xs[2]
@@ -93,7 +97,7 @@ def _max_weight(a, b):
   return jnp.where(a > b, 1.0, jnp.where(a == b, 0.5, 0.0))
 
 
-def _backward(st: Static, xs, S, do, dS):
+def _backward(st: _Static, xs, S, do, dS):
   q, k, v, _, _ = xs
   Cs, ns, _ = S
   dC_next, dn_next, dm_next = dS
@@ -147,3 +151,20 @@ def _backward(st: Static, xs, S, do, dS):
 
 
 KERNEL = state_kernel.StateKernel("mlstm", _forward, _backward)
+
+
+def chunk_mlstm(q, k, v, i, f, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+                chunk_size: int = 64):
+  """q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] pre-activations.
+
+  Returns (o [B, T, H, V] in q.dtype, (C [N, H, K, V], n [N, H, K], m [N, H]) float32), exactly
+  like xla.py.
+  """
+  H, K = q.shape[2:]
+  p, _, qkv = layout.qkv_inputs(q, k, v, None, cu_seqlens, chunk_size)  # the state is a tuple here
+  C0, n0, m0 = initial_states(initial_state, p.n_seq, H, K, v.shape[-1])
+  logf = layout.to_rows(layout.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
+  xs = (*qkv, logf, layout.to_rows(layout.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
+  st = _Static(p.N, p.C, float(scale), EPS, interpret)
+  o, (C, n, m) = state_kernel.run(KERNEL, st, p, xs, (C0, n0[:, :, None], m0[:, :, None, None]))
+  return layout.from_kernel(o, p), (C, n[:, :, 0], m[:, :, 0, 0])

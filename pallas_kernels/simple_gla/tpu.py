@@ -1,9 +1,9 @@
-"""Simple GLA on TPU: the additive-class Mosaic kernel (pallas_kernels/common/tpu_additive.py) with
-a scalar gate per head and step, whose intra-chunk decay factors out of the score matmul.
-`interpret=True` runs it in TPU interpret mode on any host."""
+"""Simple GLA on TPU: the additive-class Mosaic kernel (pallas_kernels/gla/tpu.py) with a scalar
+gate per head and step, whose intra-chunk decay factors out of the score matmul. `interpret=True`
+runs it in TPU interpret mode on any host."""
 from __future__ import annotations
 
-from pallas_kernels.common.tpu_additive import chunk_additive
+from pallas_kernels.gla.tpu import chunk_additive
 from pallas_kernels.simple_gla.reference import scalar_gate
 
 
