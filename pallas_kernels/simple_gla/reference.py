@@ -22,7 +22,7 @@ def scalar_gate(g, g_gamma, q):
   return total
 
 
-def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state=None,
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state,
                                cu_seqlens=None):
   """Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32)."""
   return fused_recurrent_gla(q, k, v, scalar_gate(g, g_gamma, q), scale=scale,

@@ -94,7 +94,7 @@ def test_tiny_model_with_tpu_kernels_matches_xla():
   from jax.experimental.pallas import tpu as pltpu
 
   from lineax_lm.models.hybrid import HybridLM
-  from pallas_kernels.common.tpu_layout import interpret_params
+  from pallas_kernels.common.tpu.state_kernel import interpret_params
   from tests.lineax_lm.tiny import tiny_config, tokens
 
   x = jnp.asarray(tokens((2, 21), seed=5))
