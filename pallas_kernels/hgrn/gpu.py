@@ -2,8 +2,8 @@
 
   h_t = exp(g_t) * h_{t-1} + x_t;  o_t = h_t        (elementwise over the width D, float32 state)
 
-Memory-bound (a few flops per element), so the kernels read each input about once per pass and keep
-every serial chain short. The width is cut into tiles of BD lanes, the time axis into chunks of C
+Memory-bound (a few flops per element): every kernel reads its inputs once, thousands of programs
+fill the GPU, and every serial chain is short (README.md gives the bytes per phase). The width is cut into tiles of BD lanes, the time axis into chunks of C
 tokens, and the forward runs three kernels:
   1. `_summary`  grid (D/BD, NT, B): each chunk from a zero state, keeping only its end: the affine map
                  S -> A S + b of the chunk, A = exp(sum g) and b = h_loc (the chunk-local state).
@@ -17,9 +17,9 @@ carrying c = exp(g_t) lam_t between chunks (a chunk maps c_in -> exp(sum g) c_in
 Residuals are o (h_{t-1} = o_{t-1}; the output is kept anyway) and S_in (h_{t-1} at chunk starts,
 float32); nothing is recomputed.
 
-Inside the chunk kernels the C rows are loaded with static indices, `rows` at a time before they are
-scanned, so the loads of a group are in flight together; the scan itself is a chain of C
-multiply-adds per lane, and every exp is of a single gate (<= 0) or of a gate sum (<= 0), so any gate
+Inside the chunk kernels a loop over groups of `rows` rows loads each group's rows (static offsets
+from the group's start) before it scans them, so the loads of a group are in flight together; the
+scan itself is a chain of C multiply-adds per lane, and every exp is of a single gate (<= 0) or of a gate sum (<= 0), so any gate
 magnitude is exact. The carry kernel loads `unroll` chunks' rows at a time for the same reason.
 
 A single chunk without cu_seqlens (decoding: T = 1 takes C = 1) skips kernels 1 and 2: the forward
@@ -46,7 +46,7 @@ DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 class Config(NamedTuple):
-  """Tile sizes and launch parameters (benchmarks/ops.py can time variants)."""
+  """Tile sizes and launch parameters (`chunk_hgrn(..., config=...)`)."""
   chunk: int = 64        # tokens per chunk; shorter inputs take the power of two that covers them
   bd: int = 256          # width tile of the chunk kernels (2 lanes per thread at 4 warps)
   rows: int = 16         # rows of a chunk loaded together before they are scanned

@@ -44,7 +44,7 @@ def test_hgrn_kernels_lower_to_triton():
   run; PTX compilation happens only on a GPU."""
   from jax import export
   sd = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt)
-  x, g, cu = sd(1, 200, 96), sd(1, 200, 96, dt=jnp.float32), sd(4, dt=jnp.int32)
+  x, g, cu = sd(1, 1100, 96), sd(1, 1100, 96, dt=jnp.float32), sd(4, dt=jnp.int32)
 
   def grad(**kw):
     def loss(x, g, h0):
