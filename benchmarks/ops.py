@@ -87,6 +87,9 @@ def op_fn(name, backend, config=None):
   if name == "simple_gla":
     f = importlib.import_module("pallas_kernels.simple_gla").chunk_simple_gla
     return (lambda q, k, v, g: f(q, k, v, g=g, backend=backend, **kw)[0]), ("q", "k", "v", "gs")
+  if name == "hgrn":  # x, g [B, T, H * K]
+    f = importlib.import_module("pallas_kernels.hgrn").chunk_hgrn
+    return (lambda x, g: f(x, g, backend=backend, **kw)[0]), ("x", "gx")
   raise ValueError(f"unknown op {name!r}")
 
 
