@@ -297,16 +297,14 @@ def _chunk_size(T: int, n_seq: int, largest: int) -> int:
   return min(largest, next_pow2(-(-T // n_seq), minimum=1))
 
 
-def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_hgrn(x, g, *, initial_state, cu_seqlens=None, interpret=False,
                config: Config = DEFAULT):
   """x, g [B, T, D]. Returns (o [B, T, D] in x.dtype, final_state [N, D] float32), like xla.py."""
   reason = unsupported(x, g)
   if reason:
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
   B, T, D = x.shape
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, D), F32) if initial_state is None else initial_state.astype(F32)
-  C = _chunk_size(T, 1 if cu_seqlens is None else n_seq, config.chunk)
+  C = _chunk_size(T, 1 if cu_seqlens is None else initial_state.shape[0], config.chunk)
   BD = min(config.bd, next_pow2(D))
   Dp = -(-D // BD) * BD
 
@@ -319,7 +317,7 @@ def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False,
   else:
     x, g = (pad_axis(a, 1, -(-T // C) * C) for a in (x, g))
     starts = ends = jnp.zeros((1,), jnp.int32)
-  x, g, h0 = pad_axis(x, 2, Dp), pad_axis(g, 2, Dp), pad_axis(h0, 1, Dp)
+  x, g, h0 = pad_axis(x, 2, Dp), pad_axis(g, 2, Dp), pad_axis(initial_state, 1, Dp)
   st = _Static(C, BD, layout is not None, bool(interpret), config)
   o, S = _hgrn(st, x, g, h0, starts, ends)
   o = o[..., :D]
@@ -327,7 +325,7 @@ def chunk_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False,
   return o, S[:, :D]
 
 
-def fused_recurrent_hgrn(x, g, *, initial_state=None, cu_seqlens=None, interpret=False):
+def fused_recurrent_hgrn(x, g, *, initial_state, cu_seqlens=None, interpret=False):
   """Token by token (decode): the same kernels; a single chunk (T = 1 takes C = 1) runs one kernel
   launch. Shapes as `chunk_hgrn`."""
   return chunk_hgrn(x, g, initial_state=initial_state, cu_seqlens=cu_seqlens, interpret=interpret)
