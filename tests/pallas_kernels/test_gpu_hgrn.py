@@ -68,7 +68,8 @@ def test_unsupported_dtypes():
   assert hgrn_gpu.unsupported(x, x.astype(jnp.float32)) is None
   assert "dtype int32" in hgrn_gpu.unsupported(x.astype(jnp.int32), x)
   with pytest.raises(ValueError, match="cannot run these inputs"):
-    hgrn_gpu.chunk_hgrn(x, x.astype(jnp.int8), interpret=True)
+    hgrn_gpu.chunk_hgrn(x, x.astype(jnp.int8), initial_state=jnp.zeros((1, 16), jnp.float32),
+                         interpret=True)
 
 
 @pytest.mark.gpu
