@@ -5,10 +5,11 @@ kernels, the WY/UT transform forward and backward; the state passes and the dq/d
 family-free stages in pallas_kernels/common/gpu/ (its docstring gives the house rule):
 
 forward
-  1. `_wy_fwd`                  grid (NT, B*H), in 16-row blocks: A = strict(beta k k^T exp(G_i - G_j)),
-                                T = (I + A)^-1 (float32: 16x16 diagonal blocks by a product form,
-                                then merges; stored in the input dtype for the backward, as fla
-                                does), w = T (beta exp(G) k), u = T (beta v).
+  1. `_wy_fwd`                  grid (NT, B*H), in 16-row blocks:
+                                A = strict(beta k k^T exp(G_i - G_j)), T = (I + A)^-1 (float32:
+                                16x16 diagonal blocks by a product form, then merges; stored in
+                                the input dtype for the backward, as fla does),
+                                w = T (beta exp(G) k), u = T (beta v).
   2. `chunk_state.state_pass`   grid (V/BV, B*H): the chunk loop, float32 state [K, BV] in
                                 registers, output fused: v' = u - w S;
                                 o = scale exp(G) q S + P v';  S = exp(G_C) S + (exp(G_C - G) k)^T v'
@@ -22,7 +23,8 @@ backward (residuals: the inputs, w, u and T; states are recomputed, never stored
   5. `chunk_dqk.dqk_pass`       grid (K/BK, NT, B*H): dq, the P- and state-parts of dk,
                                 dw = -dv' h^T, and dG.
   6. `_bwd_wy`                  grid (NT, B*H): back through w, u and T (dA = -T^T dT T^T): dk, dv,
-                                dbeta and the rest of dG; dg is the reverse chunk-local cumsum of dG.
+                                dbeta and the rest of dG; dg is the reverse chunk-local cumsum
+                                of dG.
 The tile axis comes first in the grids of 2-5: Triton launches axis 0 fastest, so the programs that
 read the same keys (one head, one chunk) run side by side and share them through L2.
 
@@ -50,7 +52,7 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule import reference
 
-unsupported = layout.unsupported  # the dispatch `supports` hook: (q, k, v, g, ...) -> reason or None
+unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, dot_tn, precision,
-                                                   scale_rows)
+                                                   scale_rows, state_at_flag, store_at_flag)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds
 
 
@@ -26,7 +26,7 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta):
   do_ref, g_ref, dht_ref = refs[2:5]
   refs = refs[5:]
   if is_varlen:
-    st_ref, en_ref, _ = refs[:3]
+    starts_ref, ends_ref, _ = refs[:3]
     refs = refs[3:]
   dh_ref, dvn_ref, dh0_ref = refs
   C = CHUNK
@@ -38,24 +38,20 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     if is_varlen:
-      e = en_ref[c]
-      dS = lax.cond(e >= 0, lambda: dht_ref[jnp.maximum(e, 0)].astype(F32), lambda: dS)
+      dS = state_at_flag(ends_ref, c, dht_ref, dS)
     dh_ref[c] = dS.astype(dh_ref.dtype)
     G, g_last = g_ref[sl], g_ref[t0 + C - 1]
     q, k, do = q_ref[sl, :], k_ref[sl, :], do_ref[sl, :]
     P = dot_nt(q, k, prec) * (decay(G) * scale)
-    dvn = dot_tn(P.astype(dt), do, prec) + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec)
+    dvn = (dot_tn(P.astype(dt), do, prec)
+           + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
     dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
     if delta:
       dS -= dot_tn(w_ref[sl, :], dvn_c, prec)
     if is_varlen:
-      s = st_ref[c]
-
-      @pl.when(s >= 0)
-      def _():
-        dh0_ref[jnp.maximum(s, 0)] = dS
+      store_at_flag(starts_ref, c, dh0_ref, dS)
     return dS
 
   dS0 = jnp.zeros(dht_ref.shape[-2:], F32) if is_varlen else dht_ref[...].astype(F32)
@@ -82,7 +78,8 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static):
     args += [starts, ends, dht]
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
-  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen, delta=delta)
+  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
+                           delta=delta)
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],

@@ -20,7 +20,8 @@ from pallas_kernels.common.gpu.kernel_math import (F32, at_last, decay, dot, dot
 from pallas_kernels.common.gpu.layout import launch, sds
 
 
-def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *out_refs, scale, bv):
+def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *out_refs, scale,
+                bv):
   """One chunk and one key tile (qt, kt, h, dh hold that tile of the key axis). Outputs dq, dk, dG
   and, with delta (four outputs), dw."""
   dq_ref, dk_ref, dg_ref = out_refs[:3]
@@ -69,11 +70,13 @@ def dqk_pass(q, k, G, h, dh, do, vn, dvn, st: Static, want_dw: bool):
   NK = K // BK
   C = CHUNK
   kern = functools.partial(_dqk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
-  tok = lambda D, tile: pl.BlockSpec((None, C, None, D), lambda ik, n, bh: (bh // H, n, bh % H, ik if tile else 0))
+  tok = lambda D, tile: pl.BlockSpec((None, C, None, D),
+                                     lambda ik, n, bh: (bh // H, n, bh % H, ik if tile else 0))
   state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))
   gate = pl.BlockSpec((None, None, C), lambda ik, n, bh: (bh // H, bh % H, n))
   dgate = pl.BlockSpec((None, None, None, C), lambda ik, n, bh: (ik, bh // H, bh % H, n))
-  outs = [(tok(BK, True), sds(q.shape, q.dtype)), (tok(BK, True), sds(q.shape, F32 if want_dw else q.dtype)),
+  outs = [(tok(BK, True), sds(q.shape, q.dtype)),
+          (tok(BK, True), sds(q.shape, F32 if want_dw else q.dtype)),
           (dgate, sds((NK, *G.shape), F32))] + [(tok(BK, True), sds(q.shape, q.dtype))] * want_dw
   dq, dk, dG, *dw = launch(kern, (NK, T // C, B * H),
                            [tok(BK, True)] * 2 + [gate, state, state] + [tok(V, False)] * 3,

@@ -19,7 +19,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, dot_tn, precision,
-                                                   scale_rows)
+                                                   scale_rows, state_at_flag, store_at_flag)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds
 
 
@@ -32,7 +32,7 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
   w_ref = refs.pop(0) if delta else None
   u_ref, g_ref, h0_ref = refs[:3]
   refs = refs[3:]
-  st_ref, en_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
+  starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
   if want_o:
     if is_varlen:
       refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
@@ -47,8 +47,7 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     if is_varlen:
-      s = st_ref[c]
-      S = lax.cond(s >= 0, lambda: h0_ref[jnp.maximum(s, 0)].astype(F32), lambda: S)
+      S = state_at_flag(starts_ref, c, h0_ref, S)
     if not want_o:
       h_ref[c] = S.astype(h_ref.dtype)
     G, g_last = g_ref[sl], g_ref[t0 + C - 1]
@@ -60,17 +59,14 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
     if want_o:
       q = q_ref[sl, :]
       P = dot_nt(q, k, prec) * (decay(G) * scale)
-      o = dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec) + dot(P.astype(dt), vn_c, prec)
+      o = (dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec)
+           + dot(P.astype(dt), vn_c, prec))
       o_ref[sl, :] = o.astype(o_ref.dtype)
     elif delta:
       vn_ref[sl, :] = vn_c
     S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
     if is_varlen and want_o:
-      e = en_ref[c]
-
-      @pl.when(e >= 0)
-      def _():
-        fin_ref[jnp.maximum(e, 0)] = S
+      store_at_flag(ends_ref, c, fin_ref, S)
     return S
 
   S0 = jnp.zeros(h0_ref.shape[-2:], F32) if is_varlen else h0_ref[...].astype(F32)

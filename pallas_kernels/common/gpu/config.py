@@ -13,7 +13,8 @@ class Config(NamedTuple):
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
   warps_state: int = 4
   stages_state: int = 2
-  warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost: NOTES.md v3)
+  warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:
+                          # benchmarks/NOTES.md v3)
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8

@@ -1,12 +1,13 @@
 """The decode stage: a token-by-token Pallas GPU kernel (Triton lowering) of the scalar-gate
 recurrences (like fla's fused_recurrent),
 
-  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);  S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
+  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);
+  S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
 
 the gated delta rule, the delta rule (g = 0) and, without the delta correction, simple GLA.
 Grid (N * H, V / BV): each program keeps a float32 [K, BV] state tile in registers and walks the
-tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a decode
-step is one launch that reads each state once and writes it once. The gradient is the float32
+tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a
+decode step is one launch that reads each state once and writes it once. The gradient is the float32
 reference recurrence's, recomputed (`jax.vjp` of the family's reference): decoding needs none and
 training runs the chunked kernels.
 """

@@ -1,7 +1,8 @@
-"""In-kernel math of the Pallas GPU stage kernels (Triton lowering): functions of loaded values,
-called inside kernel bodies. 2-D matmuls with a float32 accumulator, causal masks and decays, row
-scaling, and the unit-lower-triangular inverse of the delta rule's WY/UT transform (family-free
-linear algebra; the transform itself lives in pallas_kernels/gated_delta_rule/gpu.py).
+"""In-kernel math of the Pallas GPU stage kernels (Triton lowering): functions of loaded values and
+refs, called inside kernel bodies. 2-D matmuls with a float32 accumulator, causal masks and decays,
+row scaling, the varlen state hand-overs of the state passes, and the unit-lower-triangular inverse
+of the delta rule's WY/UT transform (family-free linear algebra; the transform itself lives in
+pallas_kernels/gated_delta_rule/gpu.py).
 
 Triton's limits shape these helpers: dots are 2-D with every dim >= 16 (hence the 16 x 16 blocks of
 the inverse), and float32 x float32 dots run as tf32 unless the precision is HIGHEST (IEEE), which
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 F32 = jnp.float32
 SUB = 16  # diagonal block of the triangular inverse (Triton's smallest dot tile)
@@ -61,6 +63,23 @@ def scale_rows(x, s, dtype=None):
 def at_last(x, value):
   """Adds `value` to the last entry of the vector x [C]."""
   return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)
+
+
+def state_at_flag(flags_ref, c, states_ref, S):
+  """The state of sequence flags_ref[c] from states_ref [N, ...] (float32) when chunk c's varlen
+  flag is set (>= 0), else S: a state pass entering a new sequence at chunk c."""
+  i = flags_ref[c]
+  return lax.cond(i >= 0, lambda: states_ref[jnp.maximum(i, 0)].astype(F32), lambda: S)
+
+
+def store_at_flag(flags_ref, c, states_ref, S):
+  """states_ref[flags_ref[c]] = S when chunk c's varlen flag is set (>= 0): a state pass leaving a
+  sequence at chunk c."""
+  i = flags_ref[c]
+
+  @pl.when(i >= 0)
+  def _():
+    states_ref[jnp.maximum(i, 0)] = S
 
 
 def unit_lower_inverse_product(D):

@@ -122,7 +122,8 @@ def sds(shape, dtype):
 
 
 def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stages, aliases=None):
-  """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its inputs."""
+  """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its
+  inputs."""
   return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
                         out_shape=out_shape, input_output_aliases=aliases or {},
                         compiler_params=compiler_params(warps, stages), interpret=st.interpret)
@@ -148,9 +149,10 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state=None, cu_seqlens=N
   """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates: a tuple of per-token scalars [B, T, H] (log decays,
-  beta; None reads as zeros). `core(st: Static, q, k, v, *gates [B, H, T] float32, h0, starts, ends)`
-  returns (o, final state) of the padded problem; `starts`/`ends` are the varlen segment flags per
-  chunk (a dummy [1] otherwise). Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] f32).
+  beta; None reads as zeros).
+  `core(st: Static, q, k, v, *gates [B, H, T] float32, h0, starts, ends)` returns (o, final state)
+  of the padded problem; `starts`/`ends` are the varlen segment flags per chunk (a dummy [1]
+  otherwise). Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
   reason = unsupported(q, k, v, *gates[:1])
   if reason:
