@@ -35,7 +35,7 @@ INTERPRET = False  # --interpret: run the Pallas paths interpreted (a CPU smoke 
 def _variants():
   """Configs to time: env VARIANTS="bv_state=16,warps_dqkw=8+bk_dqkw=128" (',' between variants,
   '+' between the fields of one)."""
-  from pallas_kernels.gated_delta_rule.gpu import Config
+  from pallas_kernels.common.gpu.config import Config
   spec = os.environ.get("VARIANTS", "warps_wy=1,warps_wy_bwd=4")
   return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
                for v in spec.split(","))
@@ -111,28 +111,34 @@ def time_op(name, backend, inputs, config=None, memory=True):
 
 
 def stage_profile(inputs, config=None):
-  """Times each GDN kernel alone at the inputs' shape (the forward's and the backward's stages)."""
-  from pallas_kernels.common.gpu_utils import chunk_cumsum, head_major
+  """Times each GDN kernel alone at the inputs' shape (the forward's and the backward's stages): its
+  WY kernels (gated_delta_rule/gpu.py) and the common stages (pallas_kernels/common/gpu/)."""
+  from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state
+  from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Static
+  from pallas_kernels.common.gpu.layout import chunk_cumsum, head_major
   from pallas_kernels.gated_delta_rule import gpu
-  cfg = config or gpu.DEFAULT
+  cfg = config or DEFAULT
   q, k, v, g, beta = (inputs[n] for n in ("q", "kn", "v", "gs", "beta"))
   B, T, H, K = q.shape
   V = v.shape[-1]
-  st = gpu._Static(K ** -0.5, False, INTERPRET, cfg)
-  G, b = chunk_cumsum(head_major(g), gpu.CHUNK), head_major(beta)
+  st = Static(K ** -0.5, False, INTERPRET, cfg)
+  G, b = chunk_cumsum(head_major(g), CHUNK), head_major(beta)
   h0 = jnp.zeros((B, H, K, V), jnp.float32)
   z = jnp.zeros((1,), jnp.int32)
   w, u, Tinv = jax.jit(lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st))(k, v, G, b)
   do = jnp.asarray(np.random.default_rng(1).standard_normal(v.shape, dtype=np.float32), v.dtype)
   stages = {
       "fwd.wy": (lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st), (k, v, G, b)),
-      "fwd.state+o": (lambda q, k, w, u, G: gpu._state_pass(q, k, w, u, G, h0, z, z, st, True), (q, k, w, u, G)),
-      "bwd.state(h,v')": (lambda k, w, u, G: gpu._state_pass(None, k, w, u, G, h0, z, z, st, False), (k, w, u, G)),
-      "bwd.dh": (lambda q, k, w, do, G: gpu._dh_pass(q, k, w, do, G, h0, z, z, st), (q, k, w, do, G)),
+      "fwd.state+o": (lambda q, k, w, u, G: chunk_state.state_pass(q, k, w, u, G, h0, z, z, st, True),
+                      (q, k, w, u, G)),
+      "bwd.state(h,v')": (lambda k, w, u, G: chunk_state.state_pass(None, k, w, u, G, h0, z, z, st, False),
+                          (k, w, u, G)),
+      "bwd.dh": (lambda q, k, w, do, G: chunk_dh.dh_pass(q, k, w, do, G, h0, z, z, st), (q, k, w, do, G)),
   }
   h, vn = jax.jit(stages["bwd.state(h,v')"][0])(k, w, u, G)
   dh, dvn, _ = jax.jit(stages["bwd.dh"][0])(q, k, w, do, G)
-  stages["bwd.dqkw"] = (lambda q, k, G, h, dh, do, vn, dvn: gpu._bwd_dqkw(q, k, G, h, dh, do, vn, dvn, st),
+  stages["bwd.dqkw"] = (lambda q, k, G, h, dh, do, vn, dvn: chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st,
+                                                                              want_dw=True),
                         (q, k, G, h, dh, do, vn, dvn))
   dq, dk1, dG1, dw = jax.jit(stages["bwd.dqkw"][0])(*stages["bwd.dqkw"][1])
   stages["bwd.wy"] = (lambda k, v, G, b, Ti, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, Ti, dw, dvn, dk1, dG1, st),
@@ -240,7 +246,7 @@ def print_tables(res, fla, fla_mem):
 
 
 def _default():
-  from pallas_kernels.gated_delta_rule.gpu import DEFAULT
+  from pallas_kernels.common.gpu.config import DEFAULT
   return DEFAULT
 
 

@@ -1,17 +1,26 @@
-"""The Pallas GPU kernels (Triton lowering: gated delta rule, delta rule, simple GLA) against the
-float32 reference, through the same harness as the xla path: interpret mode on CPU (a few small
-shapes: each case compiles its kernels, ~5 s of CPU each), and the whole matrix on a real GPU
-(marker `gpu`), bf16 at T = 4096 too."""
+"""The Pallas GPU kernels (Triton lowering: gated delta rule, delta rule, simple GLA, linear attention,
+retention) against the float32 reference, through the same harness as the xla path: interpret mode
+on CPU (a few small shapes: each case compiles its kernels, ~5 s of CPU each), and the whole matrix
+on a real GPU (marker `gpu`), bf16 at T = 4096 too."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.common import dispatch
+from pallas_kernels.common.gpu import layout as gpu_layout
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
+from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
 from tests.pallas_kernels.test_delta_rule import CASE as DELTA
 from tests.pallas_kernels.test_gated_delta_rule import CASE as GDN
+from tests.pallas_kernels.test_linear_attn import CASE as LINEAR, NORMALIZED as LINEAR_NORM
+from tests.pallas_kernels.test_retention import TestRetention
 from tests.pallas_kernels.test_simple_gla import BOTH as SGLA, G_ONLY as SGLA_G
+
+RETENTION = TestRetention.CASES[0]
 
 # (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen.
 INTERPRET_CASES = [
@@ -33,12 +42,28 @@ def test_simple_gla_interpret():
   harness.check_op(SGLA, T=100, H=1, K=64, V=100, dtype="bfloat16", backend="gpu", interpret=True)
 
 
-# (case, T, H, K, V, dtype, varlen) of the token-by-token (decode) kernel, common/gpu_recurrent.py
+# (case, T, H, K, V, dtype, varlen) of the families that run on simple GLA's chunked kernels
+ADAPTER_CASES = [
+    (LINEAR, 70, 2, 32, 48, "float32", False),
+    (LINEAR_NORM, 65, 1, 16, 16, "bfloat16", True),
+    (RETENTION, 90, 3, 16, 32, "bfloat16", False),
+]
+
+
+@pytest.mark.parametrize("case,T,H,K,V,dtype,varlen", ADAPTER_CASES, ids=lambda x: getattr(x, "name", None))
+def test_simple_gla_adapters_interpret(case, T, H, K, V, dtype, varlen):
+  harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
+
+
+# (case, T, H, K, V, dtype, varlen) of the token-by-token (decode) kernel, common/gpu/fused_recurrent.py
 RECURRENT_CASES = [
     (GDN, 37, 2, 100, 48, "float32", False),
     (GDN, 20, 1, 16, 40, "bfloat16", True),
     (DELTA, 30, 1, 16, 16, "float32", False),
     (SGLA, 25, 2, 32, 64, "bfloat16", True),
+    (LINEAR, 21, 2, 16, 32, "float32", True),
+    (LINEAR_NORM, 18, 1, 32, 16, "bfloat16", False),
+    (RETENTION, 23, 3, 16, 16, "float32", False),
 ]
 
 
@@ -57,11 +82,20 @@ def test_kernels_lower_to_triton():
   x = (sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V), sd(B, T, H, dt=jnp.float32),
        sd(B, T, H, dt=jnp.float32))
   cu = sd(3, dt=jnp.int32)
+
+  def chunk_grad(case, n_args):  # every stage of a family's forward and backward
+    loss = lambda *a: jnp.sum(case.chunk(*a, backend="gpu")[0].astype(jnp.float32))
+    return lambda *a: jax.grad(loss, argnums=tuple(range(n_args)))(*a)
+
   ops = {
-      "chunk fwd+bwd": (lambda q, k, v, g, b: jax.grad(lambda *a: jnp.sum(
-          GDN.chunk(*a, backend="gpu")[0].astype(jnp.float32)), argnums=(0, 1, 2, 3, 4))(q, k, v, g, b), x),
-      "recurrent": (lambda *a: GDN.fused_recurrent(*a, backend="gpu"), x),
-      "recurrent varlen": (lambda *a: GDN.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"), x + (cu,)),
+      "gdn chunk fwd+bwd": (chunk_grad(GDN, 5), x),
+      "gdn recurrent": (lambda *a: GDN.fused_recurrent(*a, backend="gpu"), x),
+      "gdn recurrent varlen": (lambda *a: GDN.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"),
+                               x + (cu,)),
+      "simple gla chunk fwd+bwd": (chunk_grad(SGLA_G, 4), x[:4]),
+      "simple gla chunk varlen": (lambda *a: SGLA_G.chunk(*a[:4], cu_seqlens=a[4], backend="gpu"),
+                                  x[:4] + (cu,)),
+      "simple gla recurrent": (lambda *a: SGLA_G.fused_recurrent(*a, backend="gpu"), x[:4]),
   }
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   for name, (f, args) in ops.items():
@@ -71,7 +105,7 @@ def test_kernels_lower_to_triton():
 
 def test_wide_values_run_as_column_slices(monkeypatch):
   """V above the kernels' limit runs as independent value slices (fla's 340M GDN has V = 512)."""
-  monkeypatch.setattr(gdn_gpu, "MAX_DIM", 16)
+  monkeypatch.setattr(gpu_layout, "MAX_DIM", 16)
   harness.check_op(GDN, T=70, H=1, K=16, V=40, dtype="float32", backend="gpu", interpret=True)
 
 
@@ -82,7 +116,7 @@ def test_unsupported_shapes_fall_back_or_raise():
   with pytest.raises(ValueError, match="cannot run"):
     GDN.chunk(*x.values(), backend="gpu", interpret=True)
   with pytest.raises(ValueError, match="cannot run these inputs"):
-    gdn_gpu.run_chunk(x["q"], x["k"], x["v"], None, None, scale=1.0, interpret=True)
+    simple_gla_gpu.chunk_simple_gla(x["q"], x["k"], x["v"], scale=1.0, interpret=True)
 
 
 @pytest.mark.gpu
@@ -126,9 +160,14 @@ class TestOnGPU:
     harness.check_op(case, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
                      varlen=varlen)
 
-  @pytest.mark.parametrize("case", [GDN, DELTA, SGLA], ids=lambda c: c.name)
+  @pytest.mark.parametrize("case", [GDN, DELTA, SGLA, LINEAR, RETENTION], ids=lambda c: c.name)
   def test_chunk_then_fused_recurrent_decode(self, case):
     harness.check_decode_continuation(case, backend="gpu")
+
+  @pytest.mark.parametrize("case", [LINEAR, RETENTION], ids=lambda c: c.name)
+  @pytest.mark.parametrize("T,H,K,V,dtype", harness.SHAPE_CASES[2::4])
+  def test_simple_gla_adapters(self, case, T, H, K, V, dtype):
+    harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
 
   def test_auto_picks_gpu(self):
     assert jax.default_backend() == "gpu"
@@ -136,6 +175,18 @@ class TestOnGPU:
     o_auto = GDN.chunk(*x.values())[0]
     o_gpu = GDN.chunk(*x.values(), backend="gpu")[0]
     assert jnp.array_equal(o_auto, o_gpu)
+
+  @pytest.mark.parametrize("case", [LINEAR, RETENTION], ids=lambda c: c.name)
+  @pytest.mark.parametrize("kind", ["chunk", "fused_recurrent"])
+  def test_auto_picks_gpu_for_simple_gla_adapters(self, case, kind):
+    """backend="auto" on a GPU resolves to the family's gpu.py, and that runs the Triton kernels."""
+    fn = dispatch.resolve(case.name, kind)
+    assert isinstance(fn, functools.partial) and fn.func.__module__ == f"pallas_kernels.{case.name}.gpu"
+    x = case.make_inputs(np.random.default_rng(0), 1, 64, 2, 16, 16)
+    op = getattr(case, kind)
+    hlo = jax.jit(lambda *a: op(*a)[0]).lower(*x.values()).as_text()
+    assert "triton" in hlo
+    assert jnp.array_equal(op(*x.values())[0], op(*x.values(), backend="gpu")[0])
 
 
 def test_packed_rows_under_vmap():
@@ -159,7 +210,7 @@ def test_packed_rows_under_vmap():
 @pytest.mark.parametrize("spread", [1.0, 0.05])   # random keys; nearly parallel keys
 def test_product_form_inverse_matches_float64(spread):
   """The WY kernel's serial-free diagonal inverse against numpy in float64."""
-  from pallas_kernels.common.gpu_utils import unit_lower_inverse_product
+  from pallas_kernels.common.gpu.kernel_math import unit_lower_inverse_product
   rng = np.random.default_rng(7)
   k = rng.normal(size=(1, 32)) + spread * rng.normal(size=(16, 32))
   k /= np.linalg.norm(k, axis=1, keepdims=True)

@@ -1,11 +1,13 @@
-"""Token-by-token Pallas GPU kernel (Triton lowering) of the scalar-gate recurrences, for decoding:
+"""The decode stage: a token-by-token Pallas GPU kernel (Triton lowering) of the scalar-gate
+recurrences (like fla's fused_recurrent),
 
-  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);  S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
+  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);
+  S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
 
 the gated delta rule, the delta rule (g = 0) and, without the delta correction, simple GLA.
 Grid (N * H, V / BV): each program keeps a float32 [K, BV] state tile in registers and walks the
-tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a decode
-step is one launch that reads each state once and writes it once. The gradient is the float32
+tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a
+decode step is one launch that reads each state once and writes it once. The gradient is the float32
 reference recurrence's, recomputed (`jax.vjp` of the family's reference): decoding needs none and
 training runs the chunked kernels.
 """
@@ -18,14 +20,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu_utils import F32, compiler_params, head_major, next_pow2, pad_axis
+from pallas_kernels.common.gpu.kernel_math import F32
+from pallas_kernels.common.gpu.layout import compiler_params, head_major, next_pow2, pad_axis
 
 BV = 32        # value tile: N * H * V / 32 programs, enough to fill the GPU at decode batch sizes
 WARPS = 4
 
 
-def _kernel(*refs, scale: float, delta: bool, varlen_: bool, H: int):
-  cu_ref, refs = (refs[0], refs[1:]) if varlen_ else (None, refs)
+def _kernel(*refs, scale: float, delta: bool, is_varlen: bool, H: int):
+  cu_ref, refs = (refs[0], refs[1:]) if is_varlen else (None, refs)
   q_ref, k_ref, v_ref, g_ref, b_ref, h0_ref, o_ref, ht_ref = refs
 
   def body(t, S):
@@ -37,7 +40,7 @@ def _kernel(*refs, scale: float, delta: bool, varlen_: bool, H: int):
     o_ref[t, :] = jnp.sum(S * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
     return S
 
-  if varlen_:
+  if is_varlen:
     n = pl.program_id(0) // H
     lo, hi = cu_ref[n], cu_ref[n + 1]
   else:
@@ -50,18 +53,18 @@ def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
   B, T, H, K = q.shape
   V, N = v.shape[-1], h0.shape[0]
   bv = min(BV, V)
-  varlen_ = cu_seqlens is not None
-  seq = (lambda nh: 0) if varlen_ else (lambda nh: nh // H)  # the batch row of program nh
+  is_varlen = cu_seqlens is not None
+  seq = (lambda nh: 0) if is_varlen else (lambda nh: nh // H)  # the batch row of program nh
   tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
                                       lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
   gate = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
   state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
   in_specs = [tok(K, False), tok(K, False), tok(bv, True), gate, gate, state]
   args = [q, k, v, g, beta, h0]
-  if varlen_:
+  if is_varlen:
     in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
     args.insert(0, cu_seqlens.astype(jnp.int32))
-  kernel = functools.partial(_kernel, scale=scale, delta=delta, varlen_=varlen_, H=H)
+  kernel = functools.partial(_kernel, scale=scale, delta=delta, is_varlen=is_varlen, H=H)
   return pl.pallas_call(
       kernel, grid=(N * H, V // bv), in_specs=in_specs, out_specs=[tok(bv, True), state],
       out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype), jax.ShapeDtypeStruct(h0.shape, F32)],

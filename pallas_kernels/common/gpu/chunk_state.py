@@ -1,0 +1,115 @@
+"""The forward chunk state pass (like fla's chunk_h / chunk_delta_h with chunk_o fused in): grid
+(V / BV, B*H), the chunks in a `lax.fori_loop`, the float32 state [K, BV] in registers.
+
+  v' = u - w S  (delta rule only; else v' = u = v)
+  o  = scale exp(G) q S + P v',  P = lower(scale q k^T exp(G_i - G_j))
+  S <- exp(G_C) S + (exp(G_C - G) k)^T v'
+
+G is the chunk-local cumsum of a scalar log decay per head and token. With `want_o` the pass writes
+o and the final state (the forward); without it the chunk-start states h and, for the delta rule, v'
+(the backward recomputes them instead of the forward storing them).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common.gpu.config import CHUNK, Static
+from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, dot_tn, precision,
+                                                   scale_rows, state_at_flag, store_at_flag)
+from pallas_kernels.common.gpu.layout import Specs, launch, sds
+
+
+def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
+  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and
+  (delta) v'. Without delta there is no w and v' = u = v."""
+  refs = list(refs)
+  q_ref = refs.pop(0) if want_o else None
+  k_ref = refs.pop(0)
+  w_ref = refs.pop(0) if delta else None
+  u_ref, g_ref, h0_ref = refs[:3]
+  refs = refs[3:]
+  starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
+  if want_o:
+    if is_varlen:
+      refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
+    o_ref, fin_ref = refs
+  else:
+    h_ref, vn_ref = refs if delta else (refs[0], None)
+  C = CHUNK
+  dt = k_ref.dtype
+  prec = precision(dt)
+
+  def body(c, S):
+    t0 = pl.multiple_of(c * C, C)
+    sl = pl.ds(t0, C)
+    if is_varlen:
+      S = state_at_flag(starts_ref, c, h0_ref, S)
+    if not want_o:
+      h_ref[c] = S.astype(h_ref.dtype)
+    G, g_last = g_ref[sl], g_ref[t0 + C - 1]
+    k = k_ref[sl, :]
+    if delta:
+      vn_c = (u_ref[sl, :].astype(F32) - dot(w_ref[sl, :], S.astype(dt), prec)).astype(dt)
+    else:
+      vn_c = u_ref[sl, :]
+    if want_o:
+      q = q_ref[sl, :]
+      P = dot_nt(q, k, prec) * (decay(G) * scale)
+      o = (dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec)
+           + dot(P.astype(dt), vn_c, prec))
+      o_ref[sl, :] = o.astype(o_ref.dtype)
+    elif delta:
+      vn_ref[sl, :] = vn_c
+    S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
+    if is_varlen and want_o:
+      store_at_flag(ends_ref, c, fin_ref, S)
+    return S
+
+  S0 = jnp.zeros(h0_ref.shape[-2:], F32) if is_varlen else h0_ref[...].astype(F32)
+  S = lax.fori_loop(0, NT, body, S0)
+  if want_o and not is_varlen:
+    fin_ref[...] = S
+
+
+def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool):
+  """Padded, chunk-aligned inputs: q, k, w [B, T, H, K] (q only with want_o; w None without the
+  delta correction), u [B, T, H, V] (v' before the correction: v itself without it), G [B, H, T]
+  chunk-local cumsums, h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
+
+  want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32); else (h [B, NT, H, K, V],
+  v' [B, T, H, V] or None without delta), in the input dtype.
+  """
+  B, T, H, K = k.shape
+  V, N = u.shape[-1], h0.shape[0]
+  BV = min(st.cfg.bv_state, V)
+  delta = w is not None
+  sp = Specs(H, CHUNK, T)
+  kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
+                           want_o=want_o, delta=delta)
+  h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
+  keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
+  args = keys + [u, G, h0]
+  in_specs = [sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
+  aliases = None
+  if st.is_varlen:
+    args += [starts, ends]
+    in_specs += [sp.seq_flags()] * 2
+  if want_o:
+    if st.is_varlen:  # sequences with no tokens keep their initial state
+      aliases = {len(args): 1}
+      args.append(h0)
+      in_specs.append(h0_spec)
+    out_specs = [sp.seq_tok(BV, True), h0_spec]
+    out_shape = [sds((B, T, H, V), k.dtype), sds(h0.shape, F32)]
+  else:
+    out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + delta]
+    out_shape = [sds((B, sp.NT, H, K, V), k.dtype), sds((B, T, H, V), k.dtype)][:1 + delta]
+  outs = launch(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
+                st.cfg.stages_state, aliases)(*args)
+  if want_o:
+    return outs
+  return outs[0], (outs[1] if delta else None)

@@ -1,0 +1,34 @@
+"""Tile sizes and launch parameters of the Pallas GPU stage kernels, and the static (hashable,
+non-differentiated) arguments every stage and every family's custom_vjp carries."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+CHUNK = 64  # tokens per chunk of every chunked stage
+
+
+class Config(NamedTuple):
+  """Tile sizes and launch parameters (benchmarks/ops.py times variants). The `*_wy*` fields are
+  read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py)."""
+  bv_state: int = 32      # value tile of the state passes (forward and reverse)
+  warps_state: int = 4
+  stages_state: int = 2
+  warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:
+                          # benchmarks/NOTES.md v3)
+  bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
+  warps_dqkw: int = 4
+  warps_wy_bwd: int = 8
+  stages_chunk: int = 1   # chunk-parallel kernels
+  bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
+
+
+DEFAULT = Config()
+
+
+class Static(NamedTuple):
+  """The non-differentiated arguments of a chunked custom_vjp (its nondiff_argnums), passed on to
+  every stage."""
+  scale: float
+  is_varlen: bool   # packed sequences (cu_seqlens): states reset at the chunk-aligned boundaries
+  interpret: bool
+  cfg: Config

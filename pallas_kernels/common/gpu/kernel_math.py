@@ -1,0 +1,118 @@
+"""In-kernel math of the Pallas GPU stage kernels (Triton lowering): functions of loaded values and
+refs, called inside kernel bodies. 2-D matmuls with a float32 accumulator, causal masks and decays,
+row scaling, the varlen state hand-overs of the state passes, and the unit-lower-triangular inverse
+of the delta rule's WY/UT transform (family-free linear algebra; the transform itself lives in
+pallas_kernels/gated_delta_rule/gpu.py).
+
+Triton's limits shape these helpers: dots are 2-D with every dim >= 16 (hence the 16 x 16 blocks of
+the inverse), and float32 x float32 dots run as tf32 unless the precision is HIGHEST (IEEE), which
+the float32-input paths ask for through `precision`.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+F32 = jnp.float32
+SUB = 16  # diagonal block of the triangular inverse (Triton's smallest dot tile)
+
+
+def precision(dtype):
+  """HIGHEST (IEEE float32 dots) for float32 inputs; DEFAULT otherwise (bf16 tensor cores, tf32
+  for the float32 products of the triangular inverse)."""
+  return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def dot(a, b, prec=None):
+  """a [M, K] @ b [K, N] with a float32 accumulator."""
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32, precision=prec)
+
+
+def dot_nt(a, b, prec=None):
+  """a [M, K] @ b[N, K]^T."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32, precision=prec)
+
+
+def dot_tn(a, b, prec=None):
+  """a[K, M]^T @ b [K, N]."""
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32, precision=prec)
+
+
+def iota(shape, dim):
+  return lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def lower_mask(C: int, strict: bool = False):
+  r, c = iota((C, C), 0), iota((C, C), 1)
+  return r > c if strict else r >= c
+
+
+def decay(G, strict: bool = False):
+  """exp(G_i - G_j) on the (strictly) lower triangle, 0 above, masked before the exp. G: [C]."""
+  C = G.shape[0]
+  return jnp.exp(jnp.where(lower_mask(C, strict), G[:, None] - G[None, :], -jnp.inf))
+
+
+def scale_rows(x, s, dtype=None):
+  """diag(s) x in float32, optionally cast to `dtype` (a matmul operand)."""
+  y = x.astype(F32) * s[:, None]
+  return y if dtype is None else y.astype(dtype)
+
+
+def at_last(x, value):
+  """Adds `value` to the last entry of the vector x [C]."""
+  return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)
+
+
+def state_at_flag(flags_ref, c, states_ref, S):
+  """The state of sequence flags_ref[c] from states_ref [N, ...] (float32) when chunk c's varlen
+  flag is set (>= 0), else S: a state pass entering a new sequence at chunk c."""
+  i = flags_ref[c]
+  return lax.cond(i >= 0, lambda: states_ref[jnp.maximum(i, 0)].astype(F32), lambda: S)
+
+
+def store_at_flag(flags_ref, c, states_ref, S):
+  """states_ref[flags_ref[c]] = S when chunk c's varlen flag is set (>= 0): a state pass leaving a
+  sequence at chunk c."""
+  i = flags_ref[c]
+
+  @pl.when(i >= 0)
+  def _():
+    states_ref[jnp.maximum(i, 0)] = S
+
+
+def unit_lower_inverse_product(D):
+  """(I + D)^-1 of a strictly lower-triangular float32 [16, 16] block D without serial steps: D is
+  nilpotent (D^16 = 0), so (I + D)^-1 = sum_m (-D)^m = (I - D)(I + D^2)(I + D^4)(I + D^8), six dots.
+  They are IEEE float32 (tf32 would lose the cancellations between the powers, whose entries can
+  reach binomial sizes when the keys are nearly parallel)."""
+  eye = (iota(D.shape, 0) == iota(D.shape, 1)).astype(F32)
+  X, P = eye - D, D
+  for _ in range(3):
+    P = dot(P, P, lax.Precision.HIGHEST)
+    X = X + dot(X, P, lax.Precision.HIGHEST)
+  return X
+
+
+def block_unit_lower_inverse(A_blocks, prec=None):
+  """(I + A)^-1 of a strictly lower-triangular float32 A given as its 16 x 16 blocks.
+
+  A_blocks[p][q] (q <= p < n) holds rows 16p.., columns 16q.. of A (diagonal blocks strictly lower).
+  Returns T_blocks[p][q] (q <= p) of the inverse, float32: the diagonal blocks by
+  `unit_lower_inverse_product` (six dots each; it replaced a 15-step forward substitution whose
+  cross-thread row extractions cost more than the dots: benchmarks/NOTES.md, v3), then the merge
+  T_pq = -T_pp sum_{q <= m < p} A_pm T_mq, one sub-diagonal at a time (16 x 16 dots).
+  """
+  n = len(A_blocks)
+  T = [[None] * n for _ in range(n)]
+  for p in range(n):
+    T[p][p] = unit_lower_inverse_product(A_blocks[p][p])
+  for d in range(1, n):
+    for q in range(n - d):
+      p = q + d
+      acc = dot(A_blocks[p][q], T[q][q], prec)
+      for m in range(q + 1, p):
+        acc += dot(A_blocks[p][m], T[m][q], prec)
+      T[p][q] = -dot(T[p][p], acc, prec)
+  return T

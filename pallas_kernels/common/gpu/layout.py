@@ -1,0 +1,191 @@
+"""Host-side plumbing of the Pallas GPU stage kernels (Triton lowering): everything outside kernel
+bodies that every family's chunked path shares.
+
+- compiler parameters and the `launch` wrapper of `pl.pallas_call`;
+- power-of-two padding (Triton loads and stores only power-of-two blocks), the head-major gate
+  layout [B, H, T] the kernels read, and chunk-local cumsums of it;
+- `Specs`, the BlockSpecs of the two grid shapes:
+  chunk-parallel, grid (NT, B*H): one program per chunk and head; blocks [C, D] of [B, T, H, D];
+  state pass, grid (V / BV, B*H): one program per value tile and head, looping over the NT chunks
+  inside (`lax.fori_loop`) with the float32 state [K, BV] carried in registers; blocks span T;
+- `run_chunked`, the input prologue of every chunked op: the limits check (`unsupported`), padding
+  K and V to powers of two and T to whole chunks (or re-packing cu_seqlens chunk-aligned with
+  common.varlen), splitting V above MAX_DIM into independent slices, and undoing the padding.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.common import varlen
+from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
+from pallas_kernels.common.gpu.kernel_math import F32
+
+MAX_DIM = 256   # largest head dim K (and V slice) the kernels hold in registers
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def compiler_params(num_warps: int, num_stages: int):
+  return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def next_pow2(n: int, minimum: int = 16) -> int:
+  p = minimum
+  while p < n:
+    p *= 2
+  return p
+
+
+def pad_axis(x, axis: int, size: int, value=0.0):
+  """Zero-pads (or `value`-pads) `axis` of x up to `size`; a no-op when already that size."""
+  extra = size - x.shape[axis]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def head_major(x):
+  """[B, T, H] -> float32 [B, H, T] (the gate layout the kernels read: contiguous per head)."""
+  return jnp.swapaxes(x.astype(F32), 1, 2)
+
+
+def chunk_cumsum(x, C: int, reverse: bool = False):
+  """Inclusive cumsum within chunks of C along the last axis (length a multiple of C), float32."""
+  shape = x.shape
+  x = x.reshape(*shape[:-1], shape[-1] // C, C)
+  if reverse:
+    x = jnp.flip(jnp.cumsum(jnp.flip(x, -1), axis=-1), -1)
+  else:
+    x = jnp.cumsum(x, axis=-1)
+  return x.reshape(shape)
+
+
+class Specs:
+  """BlockSpecs for arrays of a [B, T, H, ...] problem with H heads and chunk size C.
+
+  `chunk_*` specs index a chunk-parallel grid (n, bh); `seq_*` specs a state-pass grid (iv, bh)
+  whose blocks span the whole (padded) time axis T. The value tile iv is the first grid axis, which
+  the Triton launch varies fastest: the programs of one head run side by side and share its keys
+  through L2 (with bh first, at 2,048 programs they ran a wave apart and each read them from HBM).
+  """
+
+  def __init__(self, H: int, C: int, T: int):
+    self.H, self.C, self.T, self.NT = H, C, T, T // C
+
+  # tokens [B, T, H, D]
+  def chunk_tok(self, D):
+    H = self.H
+    return pl.BlockSpec((None, self.C, None, D), lambda n, bh: (bh // H, n, bh % H, 0))
+
+  def seq_tok(self, D, tiled=False):
+    H = self.H
+    if tiled:  # D is the value tile BV: block iv of the last axis
+      return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, iv))
+    return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, 0))
+
+  # gates [B, H, T] (float32)
+  def chunk_gate(self):
+    H = self.H
+    return pl.BlockSpec((None, None, self.C), lambda n, bh: (bh // H, bh % H, n))
+
+  def seq_gate(self):
+    H = self.H
+    return pl.BlockSpec((None, None, self.T), lambda iv, bh: (bh // H, bh % H, 0))
+
+  # per-chunk states [B, NT, H, K, V]
+  def chunk_state(self, K, V):
+    H = self.H
+    return pl.BlockSpec((None, None, None, K, V), lambda n, bh: (bh // H, n, bh % H, 0, 0))
+
+  def seq_state(self, K, BV):
+    H = self.H
+    return pl.BlockSpec((None, self.NT, None, K, BV), lambda iv, bh: (bh // H, 0, bh % H, 0, iv))
+
+  # initial / final states [N, H, K, V]: one per program (batch b) or all N (varlen, B == 1)
+  def seq_h0(self, K, BV, N=None):
+    H = self.H
+    if N is None:
+      return pl.BlockSpec((None, None, K, BV), lambda iv, bh: (bh // H, bh % H, 0, iv))
+    return pl.BlockSpec((N, None, K, BV), lambda iv, bh: (0, bh % H, 0, iv))
+
+  # per-chunk int32 flags [NT] (varlen segment starts / ends)
+  def seq_flags(self):
+    return pl.BlockSpec((self.NT,), lambda iv, bh: (0,))
+
+
+def sds(shape, dtype):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stages, aliases=None):
+  """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its
+  inputs."""
+  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, input_output_aliases=aliases or {},
+                        compiler_params=compiler_params(warps, stages), interpret=st.interpret)
+
+
+# --- the input prologue of the chunked ops --------------------------------------------------------
+
+def unsupported(q, k, v, g=None, *_, **__) -> str | None:
+  """Why the GPU stage kernels cannot run these inputs (None when they can): the dispatch `supports`
+  hook of every family built on them."""
+  K = q.shape[-1]
+  if g is not None and g.ndim == 4:
+    return "per-channel gates [B, T, H, K] have no GPU kernel yet"
+  if K > MAX_DIM:
+    return f"key head dim K={K} above {MAX_DIM}"
+  if q.dtype not in DTYPES:
+    return f"dtype {q.dtype} (supported: bfloat16, float16, float32)"
+  return None
+
+
+def run_chunked(core, q, k, v, gates, *, scale, initial_state=None, cu_seqlens=None,
+                interpret=False, config: Config = DEFAULT):
+  """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
+
+  q, k [B, T, H, K]; v [B, T, H, V]; gates: a tuple of per-token scalars [B, T, H] (log decays,
+  beta; None reads as zeros).
+  `core(st: Static, q, k, v, *gates [B, H, T] float32, h0, starts, ends)` returns (o, final state)
+  of the padded problem; `starts`/`ends` are the varlen segment flags per chunk (a dummy [1]
+  otherwise). Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
+  """
+  reason = unsupported(q, k, v, *gates[:1])
+  if reason:
+    raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
+  if v.shape[-1] > MAX_DIM:
+    # Value columns evolve independently (k and the gates are shared), so a wide V runs as slices.
+    kw = dict(scale=scale, cu_seqlens=cu_seqlens, interpret=interpret, config=config)
+    cuts = list(range(MAX_DIM, v.shape[-1], MAX_DIM))
+    h0s = [None] * (len(cuts) + 1) if initial_state is None else jnp.split(initial_state, cuts, -1)
+    outs = [run_chunked(core, q, k, v_i, gates, initial_state=h_i, **kw)
+            for v_i, h_i in zip(jnp.split(v, cuts, -1), h0s)]
+    return jnp.concatenate([o for o, _ in outs], -1), jnp.concatenate([s_ for _, s_ in outs], -1)
+  B, T, H, K = q.shape
+  V, dt, C = v.shape[-1], q.dtype, CHUNK
+  Kp, Vp = next_pow2(K), next_pow2(V)
+  k, v = k.astype(dt), v.astype(dt)
+  gates = [jnp.zeros((B, T, H), F32) if x is None else x.astype(F32) for x in gates]
+  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
+
+  layout = None
+  if cu_seqlens is not None:
+    layout = varlen.chunk_layout(cu_seqlens, T, C)
+    q, k, v, *gates = (varlen.pack(x, layout) for x in (q, k, v, *gates))
+    starts, ends = layout.segments
+  else:
+    q, k, v, *gates = (pad_axis(x, 1, -(-T // C) * C) for x in (q, k, v, *gates))
+    starts = ends = jnp.zeros((1,), jnp.int32)
+  q, k = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp)
+  v = pad_axis(v, 3, Vp)
+  h0 = pad_axis(pad_axis(h0, 2, Kp), 3, Vp)
+  st = Static(float(scale), cu_seqlens is not None, bool(interpret), config)
+  o, S = core(st, q, k, v, *(head_major(x) for x in gates), h0, starts, ends)
+  o = o[..., :V]
+  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
+  return o, S[:, :, :K, :V]
