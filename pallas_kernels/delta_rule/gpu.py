@@ -7,7 +7,7 @@ from pallas_kernels.gated_delta_rule import gpu as gated_delta_rule_gpu
 unsupported = gated_delta_rule_gpu.unsupported  # the dispatch `supports` hook: reason or None
 
 
-def chunk_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_delta_rule(q, k, v, beta, *, scale, initial_state, cu_seqlens=None, interpret=False,
                      config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H].
 
@@ -18,7 +18,7 @@ def chunk_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=Non
       interpret=interpret, config=config)
 
 
-def fused_recurrent_delta_rule(q, k, v, beta, *, scale, initial_state=None, cu_seqlens=None,
+def fused_recurrent_delta_rule(q, k, v, beta, *, scale, initial_state, cu_seqlens=None,
                                interpret=False):
   """Token by token (decode), on the gated delta rule's recurrent kernel with g = 0."""
   return gated_delta_rule_gpu.fused_recurrent_gated_delta_rule(

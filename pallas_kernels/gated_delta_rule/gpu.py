@@ -176,7 +176,7 @@ def _chunk_gdn_bwd(st, res, cts):
 _chunk_gdn.defvjp(_chunk_gdn_fwd, _chunk_gdn_bwd)
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None,
                            interpret=False, config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H] (log decays); beta [B, T, H].
 
@@ -186,7 +186,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None, cu_se
                      cu_seqlens=cu_seqlens, interpret=interpret, config=config)
 
 
-def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state=None,
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state,
                                      cu_seqlens=None, interpret=False):
   """Token by token (decode): common/gpu/fused_recurrent.py. Shapes as `chunk_gated_delta_rule`."""
   return fused_recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,

@@ -40,7 +40,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.gpu_utils import F32, compiler_params, next_pow2, pad_axis
+from pallas_kernels.common.gpu.kernel_math import F32
+from pallas_kernels.common.gpu.layout import compiler_params, next_pow2, pad_axis
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 

@@ -8,7 +8,7 @@ from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 unsupported = simple_gla_gpu.unsupported  # the dispatch `supports` hook: reason or None
 
 
-def chunk_linear_attn(q, k, v, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_linear_attn(q, k, v, *, scale, initial_state, cu_seqlens=None, interpret=False,
                       config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]. Returns (o [B, T, H, V] in q.dtype, final_state f32)."""
   return simple_gla_gpu.chunk_simple_gla(q, k, v, None, None, scale=scale,
@@ -16,7 +16,7 @@ def chunk_linear_attn(q, k, v, *, scale, initial_state=None, cu_seqlens=None, in
                                          interpret=interpret, config=config)
 
 
-def fused_recurrent_linear_attn(q, k, v, *, scale, initial_state=None, cu_seqlens=None,
+def fused_recurrent_linear_attn(q, k, v, *, scale, initial_state, cu_seqlens=None,
                                 interpret=False):
   """Token by token (decode): simple GLA's recurrent kernel with no gate."""
   return simple_gla_gpu.fused_recurrent_simple_gla(q, k, v, None, None, scale=scale,

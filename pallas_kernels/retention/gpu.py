@@ -9,7 +9,7 @@ from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 unsupported = simple_gla_gpu.unsupported  # the dispatch `supports` hook: reason or None
 
 
-def chunk_retention(q, k, v, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_retention(q, k, v, *, scale, initial_state, cu_seqlens=None, interpret=False,
                     config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]. Returns (o [B, T, H, V] in q.dtype, final_state f32)."""
   return simple_gla_gpu.chunk_simple_gla(q, k, v, None, retention_log_decay(q.shape[2]),
@@ -17,7 +17,7 @@ def chunk_retention(q, k, v, *, scale, initial_state=None, cu_seqlens=None, inte
                                          cu_seqlens=cu_seqlens, interpret=interpret, config=config)
 
 
-def fused_recurrent_retention(q, k, v, *, scale, initial_state=None, cu_seqlens=None,
+def fused_recurrent_retention(q, k, v, *, scale, initial_state, cu_seqlens=None,
                               interpret=False):
   """Token by token (decode): simple GLA's recurrent kernel with the fixed per-head decay."""
   return simple_gla_gpu.fused_recurrent_simple_gla(q, k, v, None, retention_log_decay(q.shape[2]),

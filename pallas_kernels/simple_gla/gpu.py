@@ -50,7 +50,7 @@ def _chunk_simple_gla_bwd(st, res, cts):
 _chunk_simple_gla.defvjp(_chunk_simple_gla_fwd, _chunk_simple_gla_bwd)
 
 
-def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state=None, cu_seqlens=None,
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state, cu_seqlens=None,
                      interpret=False, config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H]; g_gamma None or [H] (log decays).
 
@@ -67,7 +67,7 @@ def _reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens):
                              cu_seqlens=cu_seqlens)
 
 
-def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state=None,
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, *, scale, initial_state,
                                cu_seqlens=None, interpret=False):
   """Token by token (decode): common/gpu/fused_recurrent.py without the delta correction."""
   return fused_recurrent(q, k, v, scalar_gate(g, g_gamma, q), None, scale=scale,

@@ -101,15 +101,11 @@ def _recurrent_bwd(static, reference, res, cts):
 _recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
 
 
-def fused_recurrent(q, k, v, g, beta, *, scale, reference, initial_state=None, cu_seqlens=None,
+def fused_recurrent(q, k, v, g, beta, *, scale, reference, initial_state, cu_seqlens=None,
                     interpret=False):
   """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H] log decays; beta None (no delta
   correction) or [B, T, H]. `reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens)`: the
   float32 recurrence that defines the gradient. Returns (o [B, T, H, V] in q.dtype, final state
   [N, H, K, V] float32)."""
-  B, _, H, K = q.shape
-  N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = (jnp.zeros((N, H, K, v.shape[-1]), F32) if initial_state is None
-        else initial_state.astype(F32))
-  return _recurrent(q, k, v, g, beta, h0, cu_seqlens, (float(scale), beta is not None,
+  return _recurrent(q, k, v, g, beta, initial_state, cu_seqlens, (float(scale), beta is not None,
                                                         bool(interpret)), reference)

@@ -144,7 +144,7 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
   return None
 
 
-def run_chunked(core, q, k, v, gates, *, scale, initial_state=None, cu_seqlens=None,
+def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
                 interpret=False, config: Config = DEFAULT):
   """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
 
@@ -161,17 +161,14 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state=None, cu_seqlens=N
     # Value columns evolve independently (k and the gates are shared), so a wide V runs as slices.
     kw = dict(scale=scale, cu_seqlens=cu_seqlens, interpret=interpret, config=config)
     cuts = list(range(MAX_DIM, v.shape[-1], MAX_DIM))
-    h0s = [None] * (len(cuts) + 1) if initial_state is None else jnp.split(initial_state, cuts, -1)
     outs = [run_chunked(core, q, k, v_i, gates, initial_state=h_i, **kw)
-            for v_i, h_i in zip(jnp.split(v, cuts, -1), h0s)]
+            for v_i, h_i in zip(jnp.split(v, cuts, -1), jnp.split(initial_state, cuts, -1))]
     return jnp.concatenate([o for o, _ in outs], -1), jnp.concatenate([s_ for _, s_ in outs], -1)
   B, T, H, K = q.shape
   V, dt, C = v.shape[-1], q.dtype, CHUNK
   Kp, Vp = next_pow2(K), next_pow2(V)
   k, v = k.astype(dt), v.astype(dt)
   gates = [jnp.zeros((B, T, H), F32) if x is None else x.astype(F32) for x in gates]
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   layout = None
   if cu_seqlens is not None:
@@ -183,7 +180,7 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state=None, cu_seqlens=N
     starts = ends = jnp.zeros((1,), jnp.int32)
   q, k = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp)
   v = pad_axis(v, 3, Vp)
-  h0 = pad_axis(pad_axis(h0, 2, Kp), 3, Vp)
+  h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
   st = Static(float(scale), cu_seqlens is not None, bool(interpret), config)
   o, S = core(st, q, k, v, *(head_major(x) for x in gates), h0, starts, ends)
   o = o[..., :V]
