@@ -1,17 +1,17 @@
-"""GPU benchmark of the chunked ops: xla vs Pallas (gpu), forward and forward+backward, peak memory of
-forward+backward, a stage profile and tile variants of the gated delta rule kernels, and fla/ours
-ratios when fla's figures from the same run are given.
+"""GPU benchmark of the chunked ops beside fla: for every op and backend, forward and forward+backward
+device times, the compile time and peak memory of forward+backward, and fla/ours ratios from the same
+device call; plus a stage profile, tile variants and length scaling of the gated delta rule kernels.
 
-    python benchmarks/ops.py [--ops gated_delta_rule,delta_rule,simple_gla] [--fla DIR] [--out DIR]
-                             [--profile] [--variants] [--scaling]
+    python benchmarks/ops.py [--ops gla,hgrn,...] [--backends gpu,xla] [--shapes 4x4096,8x8192]
+                             [--fla DIR] [--out DIR] [--profile] [--variants] [--scaling]
 
---fla DIR reads anchor_torch.json (../shared/bench/fla_ops_h200.py, RESULTS_DIR=DIR) and
-fla_memory.json (benchmarks/fla_memory.py) from DIR. Shapes: B=4, T=4096, H=16, K=V=128, bf16 inputs,
-float32 gates (the anchor of ../shared/anchors/H200.md); --scaling adds T in {2048, 8192, 32768} at
-65,536 tokens per step. Times are device medians: each repetition enqueues `--calls` back-to-back
-calls and divides, so host dispatch hides behind device work. fwd+bwd differentiates sum(o * do)
-with respect to every input. Peak memory is XLA's allocation for the compiled fwd+bwd (arguments +
-outputs + temporaries).
+Shapes are BxT with H=16, K=V=128 (`--hkv`): the anchor 4x4096 and 65,536 tokens a step (8x8192);
+bf16 q, k, v and float32 gates as `pallas_kernels.bench.make_inputs` draws them (HGRN: x, g
+[B, T, H * K]). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py). Times are device medians:
+each repetition enqueues `--calls` back-to-back calls and divides, so host dispatch hides behind
+device work. fwd+bwd differentiates sum(o * do) with respect to every input. Compile time is the
+wall time of lowering and compiling fwd+bwd; peak memory is XLA's allocation for it (arguments +
+outputs + temporaries). --scaling times the gated delta rule at T in --lengths, 65,536 tokens a step.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pallas_kernels.bench import make_inputs  # noqa: E402
+from pallas_kernels.bench import OPS, make_inputs  # noqa: E402
 
 INTERPRET = False  # --interpret: run the Pallas paths interpreted (a CPU smoke test of this script)
 def _variants():
@@ -39,10 +39,6 @@ def _variants():
   spec = os.environ.get("VARIANTS", "warps_wy=1,warps_wy_bwd=4")
   return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
                for v in spec.split(","))
-
-
-FLA_NAMES = {"gated_delta_rule": "gated_delta_rule", "delta_rule": "delta_rule",
-             "simple_gla": "simple_gla(mamba2-like)"}
 
 
 def device_ms(fn, *args, calls=10, reps=7):
@@ -59,38 +55,19 @@ def device_ms(fn, *args, calls=10, reps=7):
   return float(np.median(out) * 1e3)
 
 
-def peak_bytes(fn, *args):
-  m = jax.jit(fn).lower(*args).compile().memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-             - m.alias_size_in_bytes)
-
-
 def op_fn(name, backend, config=None):
-  """(function of the op's inputs -> o, argument names) for `backend`."""
-  kw = dict(interpret=True) if INTERPRET and backend == "gpu" else {}
-  kw.update({} if config is None else dict(config=config))
-  if name == "gated_delta_rule":
-    if config is not None:  # tile variants call the kernel module directly
-      from pallas_kernels.gated_delta_rule import gpu
-      return (lambda q, k, v, g, b: gpu.chunk_gated_delta_rule(q, k, v, g, b, scale=q.shape[-1] ** -0.5,
-                                                               **kw)[0]), ("q", "kn", "v", "gs", "beta")
-    from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule as f
-    return (lambda q, k, v, g, b: f(q, k, v, g, b, backend=backend, **kw)[0]), ("q", "kn", "v", "gs", "beta")
-  if name == "delta_rule":
-    try:
-      f = importlib.import_module("pallas_kernels.delta_rule").chunk_delta_rule
-      return (lambda q, k, v, b: f(q, k, v, b, backend=backend, **kw)[0]), ("q", "kn", "v", "beta")
-    except (ModuleNotFoundError, AttributeError):  # the family folder is not there yet: g = None
-      mod = importlib.import_module(f"pallas_kernels.gated_delta_rule.{backend}")
-      return (lambda q, k, v, b: mod.chunk_gated_delta_rule(q, k, v, None, b, scale=q.shape[-1] ** -0.5, **kw)[0]
-              ), ("q", "kn", "v", "beta")
-  if name == "simple_gla":
-    f = importlib.import_module("pallas_kernels.simple_gla").chunk_simple_gla
-    return (lambda q, k, v, g: f(q, k, v, g=g, backend=backend, **kw)[0]), ("q", "k", "v", "gs")
-  if name == "hgrn":  # x, g [B, T, H * K]
-    f = importlib.import_module("pallas_kernels.hgrn").chunk_hgrn
-    return (lambda x, g: f(x, g, backend=backend, **kw)[0]), ("x", "gx")
-  raise ValueError(f"unknown op {name!r}")
+  """(function of the op's inputs -> o, argument names) for `backend`; `config` (gated delta rule
+  tile variants) calls the kernel module directly."""
+  kw = dict(interpret=True) if INTERPRET and backend in ("gpu", "tpu") else {}
+  if config is not None:
+    from pallas_kernels.gated_delta_rule import gpu
+    return (lambda q, k, v, g, b: gpu.chunk_gated_delta_rule(
+        q, k, v, g, b, scale=q.shape[-1] ** -0.5, initial_state=jnp.zeros(
+            (q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32), config=config, **kw)[0]
+            ), ("q", "kn", "v", "gs", "beta")
+  family, fn_name, names = OPS[name]
+  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
+  return (lambda *a: op(*a, backend=backend, **kw)[0]), names
 
 
 def time_op(name, backend, inputs, config=None, memory=True):
@@ -100,11 +77,15 @@ def time_op(name, backend, inputs, config=None, memory=True):
   o = fwd(*args)
   do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
   loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * do)
-  grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
-  row = dict(fwd_ms=device_ms(fwd, *args), fwdbwd_ms=device_ms(grad, *args))
+  t0 = time.perf_counter()
+  grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args).compile()
+  row = dict(compile_s=time.perf_counter() - t0)
+  row.update(fwd_ms=device_ms(fwd, *args), fwdbwd_ms=device_ms(grad, *args))
   if memory:
     try:
-      row["peak_GiB"] = peak_bytes(jax.grad(loss, argnums=tuple(range(len(args)))), *args) / 2**30
+      m = grad.memory_analysis()
+      row["peak_GiB"] = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                         - m.alias_size_in_bytes) / 2**30
     except Exception as e:  # memory_analysis is not available on every backend
       row["peak_GiB"], row["peak_error"] = float("nan"), repr(e)[:100]
   return row
@@ -146,39 +127,36 @@ def stage_profile(inputs, config=None):
   return {name: device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
 
 
-def load_fla(d):
-  fla = {}
-  if d and os.path.exists(os.path.join(d, "anchor_torch.json")):
-    fla = json.load(open(os.path.join(d, "anchor_torch.json")))
-  mem = {}
-  if d and os.path.exists(os.path.join(d, "fla_memory.json")):
-    mem = json.load(open(os.path.join(d, "fla_memory.json")))
-  return fla, mem
+def load_fla(d) -> dict:
+  """fla's figures from DIR/fla_ops.json: {op: {"BxT": {fwd_ms, fwdbwd_ms, peak_GiB, ...}}}."""
+  path = os.path.join(d or "", "fla_ops.json")
+  return json.load(open(path)).get("ops", {}) if d and os.path.exists(path) else {}
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--ops", default="gated_delta_rule,delta_rule,simple_gla")
-  p.add_argument("--backends", default="xla,gpu")
+  p.add_argument("--ops", default=",".join(OPS))
+  p.add_argument("--backends", default="gpu,xla")
+  p.add_argument("--shapes", default="4x4096,8x8192", help="BxT of the op rows")
+  p.add_argument("--hkv", default="16,128,128", help="H,K,V")
   p.add_argument("--fla", default=None)
   p.add_argument("--out", default=os.environ.get("OUT", "."))
-  p.add_argument("--profile", action="store_true")
+  p.add_argument("--profile", action="store_true", help="GDN stage times at the first shape")
   p.add_argument("--variants", action="store_true")
   p.add_argument("--scaling", action="store_true")
   p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
   p.add_argument("--interpret", action="store_true")
   p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
-  p.add_argument("--shape", default="4,4096,16,128,128", help="B,T,H,K,V")
   a = p.parse_args(argv)
-  B, T, H, K, V = map(int, a.shape.split(","))
+  H, K, V = map(int, a.hkv.split(","))
+  shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
   global INTERPRET
   INTERPRET = a.interpret
-  print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; B={B} T={T} H={H} K={K} V={V} bf16",
+  print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; H={H} K={K} V={V} bf16",
         flush=True)
-  fla, fla_mem = load_fla(a.fla)
+  fla = load_fla(a.fla)
   if a.report:
-    return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla, fla_mem)
-  inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
+    return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla)
   res = dict(rows=[], profile={}, variants=[], scaling=[])
   os.makedirs(a.out, exist_ok=True)
 
@@ -190,50 +168,51 @@ def main(argv=None):
       r = f(*args, **kw)
       print(label, r, flush=True)
       return r
-    except Exception as e:  # keep going: one failing variant must not cost the whole device call
+    except Exception as e:  # keep going: one failing op must not cost the whole device call
       traceback.print_exc()
       print(label, "ERROR", repr(e)[:300], flush=True)
       return dict(error=repr(e)[:300])
 
-  for name in filter(None, a.ops.split(",")):  # --ops "": only what the other flags ask for
-    for backend in a.backends.split(","):
-      r = run(f"{name}/{backend}", time_op, name, backend, inputs)
-      res["rows"].append(dict(op=name, backend=backend, **r))
-      save()
-  if a.profile:
-    res["profile"] = run("profile", stage_profile, inputs) or {}
-    save()
-  if a.variants:
-    VARIANTS = _variants()
-    for cfg in VARIANTS:
-      r = run(f"variant {cfg}", time_op, "gated_delta_rule", "gpu", inputs, config=cfg, memory=False)
-      res["variants"].append(dict(config=cfg._asdict(), **r))
-      save()
-  if a.scaling:
-    del inputs
-    for Tl in map(int, a.lengths.split(",")):
-      inp = make_inputs(65536 // Tl, Tl, H, K, V, jnp.bfloat16)
-      for backend in sorted(a.backends.split(","), key=lambda b: b == "xla"):  # xla last: the slowest
-        r = run(f"scaling T={Tl} {backend}", time_op, "gated_delta_rule", backend, inp)
-        res["scaling"].append(dict(T=Tl, backend=backend, **r))
+  for B, T in shapes:
+    inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
+    for name in filter(None, a.ops.split(",")):  # --ops "": only what the other flags ask for
+      for backend in a.backends.split(","):
+        r = run(f"{name}/{backend} {B}x{T}", time_op, name, backend, inputs)
+        res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", **r))
         save()
-      del inp
-  print_tables(res, fla, fla_mem)
+    if (B, T) == shapes[0]:
+      if a.profile:
+        res["profile"] = run("profile", stage_profile, inputs) or {}
+        save()
+      for cfg in _variants() if a.variants else ():
+        r = run(f"variant {cfg}", time_op, "gated_delta_rule", "gpu", inputs, config=cfg, memory=False)
+        res["variants"].append(dict(config=cfg._asdict(), **r))
+        save()
+    del inputs
+  for Tl in map(int, a.lengths.split(",")) if a.scaling else ():
+    inp = make_inputs(65536 // Tl, Tl, H, K, V, jnp.bfloat16)
+    for backend in sorted(a.backends.split(","), key=lambda b: b == "xla"):  # xla last: the slowest
+      r = run(f"scaling T={Tl} {backend}", time_op, "gated_delta_rule", backend, inp)
+      res["scaling"].append(dict(T=Tl, backend=backend, **r))
+      save()
+    del inp
+  print_tables(res, fla)
 
 
-def print_tables(res, fla, fla_mem):
-  ops = fla.get("ops", {})
-  print("\n| op | backend | fwd ms | fwd+bwd ms | peak GiB | fla fwd/ours | fla fwd+bwd/ours | fla peak GiB |")
-  print("|---|---|---|---|---|---|---|---|")
+def print_tables(res, fla):
+  print("\n| op | shape | backend | fwd ms | fwd+bwd ms | compile s | peak GiB | fla fwd / fwd+bwd ms | "
+        "fla/ours fwd | fla/ours fwd+bwd | fla peak GiB |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for r in res["rows"]:
     if "error" in r:
-      print(f"| {r['op']} | {r['backend']} | error: {r['error'][:60]} |")
+      print(f"| {r['op']} | {r['shape']} | {r['backend']} | error: {r['error'][:80]} |")
       continue
-    f = ops.get(FLA_NAMES.get(r["op"], ""), {})
-    m = fla_mem.get(r["op"], {}).get("4096", {})
-    ratio = lambda key: f"{f[key] / r[key]:.2f}" if key in f else "-"
-    print(f"| {r['op']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r['peak_GiB']:.2f} | "
-          f"{ratio('fwd_ms')} | {ratio('fwdbwd_ms')} | {m.get('peak_GiB', '-')} |")
+    f = fla.get(r["op"], {}).get(r["shape"], {})
+    ratio = lambda key: f"{f[key] / r[key]:.2f}x" if key in f else "-"
+    fla_ms = f"{f['fwd_ms']:.3f} / {f['fwdbwd_ms']:.3f}" if "fwd_ms" in f else f.get("error", "-")[:40]
+    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+          f"{r['compile_s']:.1f} | {r['peak_GiB']:.2f} | {fla_ms} | {ratio('fwd_ms')} | "
+          f"{ratio('fwdbwd_ms')} | {f.get('peak_GiB', '-')} |")
   if res["profile"]:
     print("\nGDN stages (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in res["profile"].items()
                                            if isinstance(v, float)))
@@ -241,8 +220,8 @@ def print_tables(res, fla, fla_mem):
     print("variant", {k: v for k, v in r["config"].items() if v != getattr(_default(), k)},
           {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "config"})
   for r in res["scaling"]:
-    m = fla_mem.get("gated_delta_rule", {}).get(str(r["T"]), {})
-    print("scaling", r, "fla peak GiB", m.get("peak_GiB", "-"), "fla fwd+bwd ms", m.get("fwdbwd_ms", "-"))
+    f = fla.get("gated_delta_rule", {}).get(f"{65536 // r['T']}x{r['T']}", {})
+    print("scaling", r, "fla fwd+bwd ms", f.get("fwdbwd_ms", "-"), "fla peak GiB", f.get("peak_GiB", "-"))
 
 
 def _default():

@@ -116,7 +116,8 @@ def test_unsupported_shapes_fall_back_or_raise():
   with pytest.raises(ValueError, match="cannot run"):
     GDN.chunk(*x.values(), backend="gpu", interpret=True)
   with pytest.raises(ValueError, match="cannot run these inputs"):
-    simple_gla_gpu.chunk_simple_gla(x["q"], x["k"], x["v"], scale=1.0, interpret=True)
+    simple_gla_gpu.chunk_simple_gla(x["q"], x["k"], x["v"], scale=1.0,
+                                    initial_state=jnp.zeros((1, 1, 300, 8)), interpret=True)
 
 
 @pytest.mark.gpu
