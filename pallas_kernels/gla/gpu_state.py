@@ -1,0 +1,174 @@
+"""The two sequential passes of chunked GLA with a per-channel decay, as Pallas GPU kernels (Triton
+lowering): the forward state pass and the reverse state-gradient (dh) pass.
+
+Both run on grid (V / BV, B * H): one program per value tile and head walks the NT chunks
+(`lax.fori_loop`) with a float32 [K, BV] state in registers. The value tile is the first grid axis,
+which Triton launches fastest, so the programs of one head run side by side and share its keys and
+gates through L2. Per chunk (G the float32 chunk-local gate cumsum [C, K], G_C its last row):
+
+  state pass   h[c] = S;  S <- diag(exp(G_C)) S + (k exp(G_C - G))^T v
+  dh pass      dh[c] = dS (the gradient of the state at the chunk's end);
+               dv = A^T do + (k exp(G_C - G)) dS;  dS <- diag(exp(G_C)) dS + (scale q exp(Gq))^T do
+
+A is the forward's intra-chunk score matrix (stored by the output kernel), so dv's intra-chunk part
+costs one [C, C] x [C, BV] dot here instead of a chunk-parallel kernel of its own. Gq is the query
+side cumsum: G for GLA, G - g for RWKV-6 (it reads the state before its token).
+
+Nothing here knows about GLA beyond those formulas: KDA and RWKV-6 walk their states the same way.
+Varlen inputs are re-packed chunk-aligned (`common.varlen`); per-chunk flags say where a sequence
+starts (reset to its initial state) and ends (write its final state).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common.gpu_utils import F32, Specs, compiler_params, dot, dot_tn, precision
+
+CHUNK = 64
+
+
+def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None):
+  """pallas_call with the Triton compiler parameters of this package."""
+  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, input_output_aliases=aliases or {},
+                        compiler_params=compiler_params(warps, stages), interpret=interpret)
+
+
+def sds(shape, dtype):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def decayed_rows(x, G, g_last, dtype):
+  """x exp(G_C - G) in `dtype` (a matmul operand): each row decayed to the chunk's end (<= 1)."""
+  return (x.astype(F32) * jnp.exp(g_last[None, :] - G)).astype(dtype)
+
+
+# --- forward state pass ---------------------------------------------------------------------------
+
+def _state_kernel(*refs, NT, varlen_):
+  if varlen_:
+    k_ref, v_ref, g_ref, h0_ref, st_ref, en_ref, _, h_ref, fin_ref = refs
+  else:
+    k_ref, v_ref, g_ref, h0_ref, h_ref, fin_ref = refs
+  C = CHUNK
+  dt = k_ref.dtype
+  prec = precision(dt)
+
+  def body(c, S):
+    t0 = pl.multiple_of(c * C, C)
+    sl = pl.ds(t0, C)
+    if varlen_:
+      s = st_ref[c]
+      S = lax.cond(s >= 0, lambda: h0_ref[jnp.maximum(s, 0)].astype(F32), lambda: S)
+    h_ref[c] = S.astype(h_ref.dtype)
+    g_last = g_ref[t0 + C - 1, :]
+    kd = decayed_rows(k_ref[sl, :], g_ref[sl, :], g_last, dt)
+    S = S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
+    if varlen_:
+      e = en_ref[c]
+
+      @pl.when(e >= 0)
+      def _():
+        fin_ref[jnp.maximum(e, 0)] = S
+    return S
+
+  S0 = jnp.zeros(h0_ref.shape[-2:], F32) if varlen_ else h0_ref[...].astype(F32)
+  S = lax.fori_loop(0, NT, body, S0)
+  if not varlen_:
+    fin_ref[...] = S
+
+
+def state_pass(k, v, G, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
+  """k [B, T, H, K], v [B, T, H, V] (input dtype), G [B, T, H, K] float32 chunk-local cumsums,
+  h0 [N, H, K, V] float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype) and the
+  final states [N, H, K, V] (float32). starts / ends: int32 [NT] per-chunk sequence flags (varlen)."""
+  B, T, H, K = k.shape
+  V, N = v.shape[-1], h0.shape[0]
+  BV = min(bv, V)
+  sp = Specs(H, CHUNK, T)
+  h0_spec = sp.seq_h0(K, BV, N if varlen_ else None)
+  args = [k, v, G, h0]
+  in_specs = [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K), h0_spec]
+  aliases = None
+  if varlen_:  # sequences with no tokens keep their initial state: the output starts as h0
+    args += [starts, ends, h0]
+    in_specs += [sp.seq_flags()] * 2 + [h0_spec]
+    aliases = {len(args) - 1: 1}
+  kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_)
+  return call(kern, (V // BV, B * H), in_specs, [sp.seq_state(K, BV), h0_spec],
+              [sds((B, sp.NT, H, K, V), k.dtype), sds(h0.shape, F32)], interpret=interpret,
+              warps=warps, stages=stages, aliases=aliases)(*args)
+
+
+# --- reverse state-gradient pass ------------------------------------------------------------------
+
+def _dh_kernel(*refs, NT, scale, varlen_, split_gq):
+  refs = list(refs)
+  q_ref, k_ref, g_ref = refs[:3]
+  gq_ref = refs.pop(3) if split_gq else g_ref
+  a_ref, do_ref, dht_ref = refs[3:6]
+  st_ref, en_ref = refs[6:8] if varlen_ else (None, None)
+  dh_ref, dv_ref, dh0_ref = refs[-3:]
+  C = CHUNK
+  dt = k_ref.dtype
+  prec = precision(dt)
+
+  def body(i, dS):
+    c = NT - 1 - i
+    t0 = pl.multiple_of(c * C, C)
+    sl = pl.ds(t0, C)
+    if varlen_:
+      e = en_ref[c]
+      dS = lax.cond(e >= 0, lambda: dht_ref[jnp.maximum(e, 0)].astype(F32), lambda: dS)
+    dh_ref[c] = dS.astype(dh_ref.dtype)
+    g_last = g_ref[t0 + C - 1, :]
+    do = do_ref[sl, :]
+    kd = decayed_rows(k_ref[sl, :], g_ref[sl, :], g_last, dt)
+    dv = dot_tn(a_ref[sl, :], do, prec) + dot(kd, dS.astype(dt), prec)
+    dv_ref[sl, :] = dv.astype(dv_ref.dtype)
+    qd = (q_ref[sl, :].astype(F32) * (jnp.exp(gq_ref[sl, :]) * scale)).astype(dt)
+    dS = dS * jnp.exp(g_last)[:, None] + dot_tn(qd, do, prec)
+    if varlen_:
+      s = st_ref[c]
+
+      @pl.when(s >= 0)
+      def _():
+        dh0_ref[jnp.maximum(s, 0)] = dS
+    return dS
+
+  dS0 = jnp.zeros(dht_ref.shape[-2:], F32) if varlen_ else dht_ref[...].astype(F32)
+  dS = lax.fori_loop(0, NT, body, dS0)
+  if not varlen_:
+    dh0_ref[...] = dS
+
+
+def dh_pass(q, k, G, Gq, A, do, dht, starts, ends, *, scale, varlen_, interpret, bv=32, warps=4,
+            stages=2):
+  """q, k [B, T, H, K]; G, Gq [B, T, H, K] float32 (Gq None: the same as G); A [B, T, H, C] the
+  forward's scores; do [B, T, H, V]; dht [N, H, K, V] float32. Returns dh [B, NT, H, K, V] and
+  dv [B, T, H, V] (input dtype) and d initial_state [N, H, K, V] (float32)."""
+  B, T, H, K = k.shape
+  V, N = do.shape[-1], dht.shape[0]
+  BV = min(bv, V)
+  sp = Specs(H, CHUNK, T)
+  h0_spec = sp.seq_h0(K, BV, N if varlen_ else None)
+  gates = [G] if Gq is None else [G, Gq]
+  args = [q, k, *gates, A, do, dht]
+  in_specs = ([sp.seq_tok(K)] * (2 + len(gates)) +
+              [sp.seq_tok(CHUNK), sp.seq_tok(BV, True), h0_spec])
+  aliases = None
+  if varlen_:  # sequences with no tokens pass the final-state gradient straight through
+    args += [starts, ends, dht]
+    in_specs += [sp.seq_flags()] * 2 + [h0_spec]
+    aliases = {len(args) - 1: 2}
+  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=scale, varlen_=varlen_,
+                           split_gq=Gq is not None)
+  return call(kern, (V // BV, B * H), in_specs,
+              [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
+              [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
+              interpret=interpret, warps=warps, stages=stages, aliases=aliases)(*args)
