@@ -1,18 +1,18 @@
 """Chunked GLA with a per-channel decay as Pallas GPU kernels (Triton lowering), with a custom_vjp.
 
-The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32, an
-XLA cumsum outside the kernels), Gq the query side's (G for GLA; G - g for RWKV-6, which reads the
+The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32,
+formed and written by the state pass), Gq the query side's (G for GLA; G - g for RWKV-6, which reads the
 state before its token), C = 64, and every chunk is split into four 16-row sub-chunks:
 
 forward
-  1. `state_pass` (gpu_state.py) grid (V/BV, B*H): the chunk-start states h [B, NT, H, K, V] (input
-                  dtype) and the final state.
+  1. `state_pass` (gpu_state.py) grid (V/BV, B*H): G, the chunk-start states h [B, NT, H, K, V]
+                  (input dtype) and the final state.
   2. `_output`    grid (NT, B*H), per 16-row query block p: the scores A (the keys of earlier blocks
                   through one dot, both sides taken relative to the block's first row r so every
                   exponent is <= 0; the diagonal 16 x 16 block key by key, masked before the exp),
                   o = scale (q exp(Gq)) h + A v. A is stored (input dtype) for the backward.
 backward (residuals: the inputs and A; h is recomputed, never stored by the forward)
-  3. `state_pass` again (h).
+  3. `state_pass` again (G, h).
   4. `dh_pass`    (gpu_state.py) grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each
                   chunk end), d initial_state and dv = A^T do + (k exp(G_C - G)) dh.
   5. `_dqkg`      grid (K/BK, NT, B*H), per 16-row block: dA = scale do v^T, dq and dk (state parts
@@ -84,12 +84,22 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
 
 # --- 2. forward output: intra-chunk scores and o -------------------------------------------------
 
+def _diagonal_decay(Gq, g_j, t, sub_row, u_ref):
+  """exp(Gq_i - G_j) [16, K] for the rows i of a diagonal block and its key row j = its row t,
+  masked before the exp: i >= t, or i > t with the diagonal taken by the bonus u (RWKV-6)."""
+  if u_ref is None:
+    return jnp.exp(jnp.where(sub_row >= t, Gq - g_j[None, :], -jnp.inf))
+  E = jnp.exp(jnp.where(sub_row > t, Gq - g_j[None, :], -jnp.inf))
+  return jnp.where(sub_row == t, u_ref[...][None, :], E)
+
+
 def _output_kernel(*refs, scale, exclusive):
   """One chunk and head. Query block p: A_p [16, C] = keys of blocks < p by one dot relative to the
   block's first row r (exp(Gq_i - Gq_r) <= 1, exp(Gq_r - G_j) <= 1 for j < r), plus the diagonal
-  block key by key (exponents masked before the exp); then o_p = scale (q_p exp(Gq_p)) h + A_p v."""
+  block key by key (exponents masked before the exp); then o_p = scale (q_p exp(Gq_p)) h + A_p v.
+  exclusive (RWKV-6): strict mask, and the bonus scale q_i . (u k_i) is A's diagonal entry."""
   q_ref, k_ref, v_ref, g_ref = refs[:4]
-  gq_ref = refs[4] if exclusive else g_ref
+  gq_ref, u_ref = refs[4:6] if exclusive else (g_ref, None)
   h_ref, o_ref, a_ref = refs[-3:]
   C, K = k_ref.shape
   dt = q_ref.dtype
@@ -109,8 +119,7 @@ def _output_kernel(*refs, scale, exclusive):
 
     def diagonal(t, A, p=p, q=q, Gq=Gq):
       j = p * SUB + t
-      keep = sub_row > t if exclusive else sub_row >= t
-      E = jnp.exp(jnp.where(keep, Gq - g_ref[j, :][None, :], -jnp.inf))
+      E = _diagonal_decay(Gq, g_ref[j, :], t, sub_row, u_ref)
       s = jnp.sum(q * k_ref[j, :].astype(F32)[None, :] * E, axis=1)
       return jnp.where(col == j, s[:, None], A)
 
@@ -120,16 +129,19 @@ def _output_kernel(*refs, scale, exclusive):
     o_ref[rows, :] = o.astype(o_ref.dtype)
 
 
-def _output(q, k, v, G, Gq, h, st: _Static):
+def _output(q, k, v, G, Gq, u, h, st: _Static):
   """Returns o [B, T, H, V] and the scores A [B, T, H, C] (row t: token t's scores over its chunk),
   both in the input dtype."""
   B, T, H, K = q.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  gates = [G] if Gq is None else [G, Gq]
+  gates = [G] if Gq is None else [G, Gq, u]
+  gate_specs = [sp.chunk_tok(K)] * (1 + st.exclusive)
+  if st.exclusive:
+    gate_specs.append(pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0)))
   kern = functools.partial(_output_kernel, scale=st.scale, exclusive=st.exclusive)
   return call(kern, (sp.NT, B * H),
-              [sp.chunk_tok(K), sp.chunk_tok(K), sp.chunk_tok(V)] + [sp.chunk_tok(K)] * len(gates)
+              [sp.chunk_tok(K), sp.chunk_tok(K), sp.chunk_tok(V)] + gate_specs
               + [sp.chunk_state(K, V)],
               [sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
               [sds((B, T, H, V), q.dtype), sds((B, T, H, CHUNK), q.dtype)],
@@ -143,8 +155,9 @@ def _dqkg_kernel(*refs, scale, exclusive):
   """One chunk, head and key tile (q, k, G, h, dh hold that tile of the key axis; v, do all of V).
   Blocks are visited last to first so that dg, a reverse cumsum, carries the later blocks' sum."""
   q_ref, k_ref, g_ref = refs[:3]
-  gq_ref = refs[3] if exclusive else g_ref
-  v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[-7:]
+  gq_ref, u_ref = refs[3:5] if exclusive else (g_ref, None)
+  v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[5:12] if exclusive else refs[3:10]
+  du_ref = refs[12] if exclusive else None
   C, BK = k_ref.shape
   n = C // SUB
   dt = q_ref.dtype
@@ -157,6 +170,7 @@ def _dqkg_kernel(*refs, scale, exclusive):
   later = jnp.sum(S_end * dh.astype(F32), axis=1)[None, :]      # [1, BK]
   tok_row = iota((C, BK), 0)
   sub_row, col = iota((SUB, BK), 0), iota((SUB, C), 1)
+  du = jnp.zeros((BK,), F32)
   for p in reversed(range(n)):
     rows = pl.ds(p * SUB, SUB)
     q, k = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32)
@@ -177,28 +191,36 @@ def _dqkg_kernel(*refs, scale, exclusive):
       dk += dot(dAT.astype(dt), qa.astype(dt), prec) * jnp.exp(g_e - G)
 
     def diagonal(t, carry, p=p, q=q, Gq=Gq, dA=dA):
-      dq, dk = carry
+      dq, dk, *dq_bonus = carry
       j = p * SUB + t
-      keep = sub_row > t if exclusive else sub_row >= t
-      aE = jnp.sum(jnp.where(col == j, dA, 0.0), axis=1)[:, None] * jnp.exp(
-          jnp.where(keep, Gq - g_ref[j, :][None, :], -jnp.inf))   # dA_ij exp(Gq_i - G_j)
-      dq += aE * k_ref[j, :].astype(F32)[None, :]
+      a = jnp.sum(jnp.where(col == j, dA, 0.0), axis=1)[:, None]           # dA_ij
+      aE = a * _diagonal_decay(Gq, g_ref[j, :], t, sub_row, u_ref)        # dA_ij exp(Gq_i - G_j)
+      k_j = k_ref[j, :].astype(F32)[None, :]
+      dq += aE * k_j
       dk += jnp.where(sub_row == t, jnp.sum(aE * q, axis=0)[None, :], 0.0)
-      return dq, dk
+      if exclusive:  # dA_jj q_j k_j: the bonus's share of q dq, and du's term
+        dq_bonus = [dq_bonus[0] + jnp.where(sub_row == t, a * q * k_j, 0.0)]
+      return dq, dk, *dq_bonus
 
-    dq, dk = lax.fori_loop(0, SUB, diagonal, (dq, dk))
+    dq, dk, *dq_bonus = lax.fori_loop(0, SUB, diagonal, (dq, dk) + (jnp.zeros_like(dq),) * exclusive)
     dq_ref[rows, :] = dq.astype(dq_ref.dtype)
     dk_ref[rows, :] = dk.astype(dk_ref.dtype)
     dGq = q * dq
-    dG = dGq - k * dk
+    dG = dGq - k * dk                                      # (the bonus's terms cancel here)
     total = jnp.sum(dG, axis=0)[None, :]
     dg = later + total - jnp.cumsum(dG, axis=0) + dG       # sum over rows >= t of the chunk
-    dg_ref[rows, :] = dg - dGq if exclusive else dg        # Gq = G - g: -dGq reaches g directly
     later = later + total
+    if exclusive:  # Gq = G - g: the decays' share of q dq reaches g directly, negated
+      dg -= dGq - u_ref[...][None, :] * dq_bonus[0]
+      du = du + jnp.sum(dq_bonus[0], axis=0)
+    dg_ref[rows, :] = dg
+  if exclusive:
+    du_ref[...] = du
 
 
-def _dqkg(q, k, v, G, Gq, do, h, dh, st: _Static):
-  """Returns dq, dk (input dtype) and dg [B, T, H, K] (float32, the raw gate's gradient)."""
+def _dqkg(q, k, v, G, Gq, u, do, h, dh, st: _Static):
+  """Returns dq, dk (input dtype), dg [B, T, H, K] (float32, the raw gate's gradient) and, for
+  RWKV-6, du [H, K] (float32)."""
   B, T, H, K = q.shape
   V = v.shape[-1]
   BK = min(st.cfg.bk_dqkg, K)
@@ -206,63 +228,61 @@ def _dqkg(q, k, v, G, Gq, do, h, dh, st: _Static):
   tile = pl.BlockSpec((None, C, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik))
   full = pl.BlockSpec((None, C, None, V), lambda ik, n, bh: (bh // H, n, bh % H, 0))
   state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))
-  gates = [G] if Gq is None else [G, Gq]
+  gates, gate_specs = [G], [tile]
+  outs, out_specs = [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(q.shape, F32)], [tile] * 3
+  if st.exclusive:
+    gates += [Gq, u]
+    gate_specs += [tile, pl.BlockSpec((None, BK), lambda ik, n, bh: (bh % H, ik))]
+    outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
+    out_specs.append(pl.BlockSpec((None, None, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik)))
   kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
-  return call(kern, (K // BK, T // C, B * H),
-              [tile] * (2 + len(gates)) + [full, full, state, state], [tile] * 3,
-              [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(q.shape, F32)],
-              interpret=st.interpret, warps=st.cfg.warps_dqkg,
-              stages=st.cfg.stages_chunk)(q, k, *gates, v, do, h, dh)
+  dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), [tile] * 2 + gate_specs
+                         + [full, full, state, state], out_specs, outs, interpret=st.interpret,
+                         warps=st.cfg.warps_dqkg, stages=st.cfg.stages_chunk)(q, k, *gates, v, do,
+                                                                               h, dh)
+  return dq, dk, dg, (jnp.sum(du[0], axis=(0, 1)) if du else None)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------
 
-def _gate_cumsums(g, exclusive: bool):
-  """G, the chunk-local inclusive cumsum of g [B, T, H, K] along T (float32), and Gq (None for GLA;
-  the exclusive cumsum G - g for RWKV-6)."""
-  B, T, H, K = g.shape
-  G = jnp.cumsum(g.reshape(B, T // CHUNK, CHUNK, H, K), axis=2).reshape(g.shape)
-  return G, (G - g if exclusive else None)
-
-
-def _state(k, v, G, h0, starts, ends, st: _Static):
+def _state(k, v, g, h0, starts, ends, st: _Static):
+  """(h, final state, G, Gq): Gq is None for GLA and the exclusive cumsum G - g for RWKV-6."""
   cfg = st.cfg
-  return state_pass(k, v, G, h0, starts, ends, varlen_=st.varlen, interpret=st.interpret,
-                    bv=cfg.bv_state, warps=cfg.warps_state, stages=cfg.stages_state)
+  h, ht, G = state_pass(k, v, g, h0, starts, ends, varlen_=st.varlen, interpret=st.interpret,
+                        bv=cfg.bv_state, warps=cfg.warps_state, stages=cfg.stages_state)
+  return h, ht, G, (G - g if st.exclusive else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gla(st: _Static, q, k, v, g, h0, starts, ends):
-  return _gla_fwd(st, q, k, v, g, h0, starts, ends)[0]
+def _gla(st: _Static, q, k, v, g, u, h0, starts, ends):
+  return _gla_fwd(st, q, k, v, g, u, h0, starts, ends)[0]
 
 
-def _gla_fwd(st, q, k, v, g, h0, starts, ends):
-  G, Gq = _gate_cumsums(g, st.exclusive)
-  h, ht = _state(k, v, G, h0, starts, ends, st)
-  o, A = _output(q, k, v, G, Gq, h, st)
-  return (o, ht), (q, k, v, g, h0, A, starts, ends)
+def _gla_fwd(st, q, k, v, g, u, h0, starts, ends):
+  h, ht, G, Gq = _state(k, v, g, h0, starts, ends, st)
+  o, A = _output(q, k, v, G, Gq, u, h, st)
+  return (o, ht), (q, k, v, g, u, h0, A, starts, ends)
 
 
 def _gla_bwd(st, res, cts):
-  q, k, v, g, h0, A, starts, ends = res
+  q, k, v, g, u, h0, A, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  G, Gq = _gate_cumsums(g, st.exclusive)
-  h, _ = _state(k, v, G, h0, starts, ends, st)
+  h, _, G, Gq = _state(k, v, g, h0, starts, ends, st)
   cfg = st.cfg
   dh, dv, dh0 = dh_pass(q, k, G, Gq, A, do, dht.astype(F32), starts, ends, scale=st.scale,
                         varlen_=st.varlen, interpret=st.interpret, bv=cfg.bv_state,
                         warps=cfg.warps_state, stages=cfg.stages_state)
-  dq, dk, dg = _dqkg(q, k, v, G, Gq, do, h, dh, st)
-  return dq, dk, dv, dg, dh0, None, None
+  dq, dk, dg, du = _dqkg(q, k, v, G, Gq, u, do, h, dh, st)
+  return dq, dk, dv, dg, du, dh0, None, None
 
 
 _gla.defvjp(_gla_fwd, _gla_bwd)
 
 
-def run_chunk(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
-              exclusive=False, config: Config = DEFAULT):
-  """The kernels' entry for GLA (and, exclusive=True, RWKV-6's core without its bonus).
+def run_chunk(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+              config: Config = DEFAULT):
+  """The kernels' entry for GLA and, with the bonus u [H, K], RWKV-6 (o_t reads S_{t-1}).
 
   Pads K and V to powers of two, T to whole chunks (or re-packs cu_seqlens chunk-aligned), runs the
   custom_vjp kernels and undoes the padding. Shapes as `chunk_gla`.
@@ -288,8 +308,10 @@ def run_chunk(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, interpr
   q, k, g = (pad_axis(x, 3, Kp) for x in (q, k, g))
   v = pad_axis(v, 3, Vp)
   h0 = pad_axis(pad_axis(h0, 2, Kp), 3, Vp)
-  st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config, exclusive)
-  o, S = _gla(st, q, k, v, g, h0, starts, ends)
+  if u is not None:
+    u = pad_axis(u.astype(F32), 1, Kp)
+  st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config, u is not None)
+  o, S = _gla(st, q, k, v, g, u, h0, starts, ends)
   o = o[..., :V]
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)
   return o, S[:, :, :K, :V]

@@ -6,7 +6,8 @@ Both run on grid (V / BV, B * H): one program per value tile and head walks the 
 which Triton launches fastest, so the programs of one head run side by side and share its keys and
 gates through L2. Per chunk (G the float32 chunk-local gate cumsum [C, K], G_C its last row):
 
-  state pass   h[c] = S;  S <- diag(exp(G_C)) S + (k exp(G_C - G))^T v
+  state pass   G = cumsum(g) (written once, for the other kernels);  h[c] = S;
+               S <- diag(exp(G_C)) S + (k exp(G_C - G))^T v
   dh pass      dh[c] = dS (the gradient of the state at the chunk's end);
                dv = A^T do + (k exp(G_C - G)) dS;  dS <- diag(exp(G_C)) dS + (scale q exp(Gq))^T do
 
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu_utils import F32, Specs, compiler_params, dot, dot_tn, precision
+from pallas_kernels.common.gpu_utils import F32, Specs, compiler_params, dot, dot_tn, iota, precision
 
 CHUNK = 64
 
@@ -52,12 +53,14 @@ def decayed_rows(x, G, g_last, dtype):
 
 def _state_kernel(*refs, NT, varlen_):
   if varlen_:
-    k_ref, v_ref, g_ref, h0_ref, st_ref, en_ref, _, h_ref, fin_ref = refs
+    k_ref, v_ref, g_ref, h0_ref, st_ref, en_ref, _, h_ref, fin_ref, G_ref = refs
   else:
-    k_ref, v_ref, g_ref, h0_ref, h_ref, fin_ref = refs
-  C = CHUNK
+    k_ref, v_ref, g_ref, h0_ref, h_ref, fin_ref, G_ref = refs
+  C, K = CHUNK, k_ref.shape[1]
   dt = k_ref.dtype
   prec = precision(dt)
+  last_row = iota((C, K), 0) == C - 1
+  write_gates = pl.program_id(0) == 0  # the value tiles share the gates: one writes them
 
   def body(c, S):
     t0 = pl.multiple_of(c * C, C)
@@ -66,8 +69,14 @@ def _state_kernel(*refs, NT, varlen_):
       s = st_ref[c]
       S = lax.cond(s >= 0, lambda: h0_ref[jnp.maximum(s, 0)].astype(F32), lambda: S)
     h_ref[c] = S.astype(h_ref.dtype)
-    g_last = g_ref[t0 + C - 1, :]
-    kd = decayed_rows(k_ref[sl, :], g_ref[sl, :], g_last, dt)
+    G = jnp.cumsum(g_ref[sl, :], axis=0)
+    g_last = jnp.sum(jnp.where(last_row, G, 0.0), axis=0)  # exactly G's last row
+
+    @pl.when(write_gates)
+    def _():
+      G_ref[sl, :] = G
+
+    kd = decayed_rows(k_ref[sl, :], G, g_last, dt)
     S = S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
     if varlen_:
       e = en_ref[c]
@@ -83,16 +92,18 @@ def _state_kernel(*refs, NT, varlen_):
     fin_ref[...] = S
 
 
-def state_pass(k, v, G, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
-  """k [B, T, H, K], v [B, T, H, V] (input dtype), G [B, T, H, K] float32 chunk-local cumsums,
-  h0 [N, H, K, V] float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype) and the
-  final states [N, H, K, V] (float32). starts / ends: int32 [NT] per-chunk sequence flags (varlen)."""
+def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
+  """k [B, T, H, K], v [B, T, H, V] (input dtype), g [B, T, H, K] float32 log decays, h0 [N, H, K, V]
+  float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype), the final states
+  [N, H, K, V] (float32) and G [B, T, H, K], the chunk-local cumsum of g (float32: the chunk-parallel
+  kernels read it, so no separate cumsum pass over the gates is needed). starts / ends: int32 [NT]
+  per-chunk sequence flags (varlen)."""
   B, T, H, K = k.shape
   V, N = v.shape[-1], h0.shape[0]
   BV = min(bv, V)
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if varlen_ else None)
-  args = [k, v, G, h0]
+  args = [k, v, g, h0]
   in_specs = [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K), h0_spec]
   aliases = None
   if varlen_:  # sequences with no tokens keep their initial state: the output starts as h0
@@ -100,9 +111,9 @@ def state_pass(k, v, G, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4,
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 1}
   kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_)
-  return call(kern, (V // BV, B * H), in_specs, [sp.seq_state(K, BV), h0_spec],
-              [sds((B, sp.NT, H, K, V), k.dtype), sds(h0.shape, F32)], interpret=interpret,
-              warps=warps, stages=stages, aliases=aliases)(*args)
+  return call(kern, (V // BV, B * H), in_specs, [sp.seq_state(K, BV), h0_spec, sp.seq_tok(K)],
+              [sds((B, sp.NT, H, K, V), k.dtype), sds(h0.shape, F32), sds(g.shape, F32)],
+              interpret=interpret, warps=warps, stages=stages, aliases=aliases)(*args)
 
 
 # --- reverse state-gradient pass ------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The GLA Pallas GPU kernels (Triton lowering, `pallas_kernels/gla/gpu.py`) against the float32
-reference through the shared harness: interpret mode on CPU (few, small cases: each compiles its
-kernels in ~15 s of CPU), and larger shapes on a real GPU (marker `gpu`)."""
+"""The GLA Pallas GPU kernels (Triton lowering, `pallas_kernels/gla/gpu.py`) and RWKV-6 on them
+(`pallas_kernels/rwkv6/gpu.py`) against the float32 reference through the shared harness: interpret
+mode on CPU (few, small cases: each compiles its kernels in ~15 s of CPU), and larger shapes on a
+real GPU (marker `gpu`)."""
 import dataclasses
 
 import jax
@@ -10,9 +11,10 @@ import pytest
 
 from pallas_kernels.gla import gpu as gla_gpu
 from tests.pallas_kernels import harness
-from tests.pallas_kernels import test_gla
+from tests.pallas_kernels import test_gla, test_rwkv6
 
-GLA = test_gla.TestGLA.CASES[0]  # (a module import: pytest would collect TestGLA here too)
+# (module imports: pytest would collect TestGLA here too)
+GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
 
 
 def gates_scaled(case, gate_scale):
@@ -23,6 +25,7 @@ def gates_scaled(case, gate_scale):
 
 
 STEEP, GENTLE = gates_scaled(GLA, 10.0), gates_scaled(GLA, 0.01)
+RWKV6_STEEP = gates_scaled(RWKV6, 10.0)
 
 # (case, T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V != K, both dtypes, H = 2 (each
 # head its own gates), packed varlen with an empty sequence, steep and gentle gates.
@@ -31,6 +34,7 @@ INTERPRET_CASES = [
     (GLA, 150, 2, 32, 16, "float32", True),
     (STEEP, 130, 2, 16, 32, "bfloat16", False),
     (GENTLE, 70, 2, 16, 16, "float32", False),
+    (RWKV6_STEEP, 100, 2, 32, 16, "bfloat16", True),   # the exclusive mode and the bonus u
 ]
 
 
@@ -41,10 +45,11 @@ def test_chunk_interpret(case, T, H, K, V, dtype, varlen):
                    varlen=varlen)
 
 
-@pytest.mark.parametrize("T,H,K,V,dtype,varlen", [(37, 2, 100, 48, "float32", False),
-                                                   (20, 2, 16, 40, "bfloat16", True)])
-def test_fused_recurrent_interpret(T, H, K, V, dtype, varlen):
-  harness.check_op(GLA, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
+@pytest.mark.parametrize("case,T,H,K,V,dtype,varlen", [(GLA, 37, 2, 100, 48, "float32", False),
+                                                        (RWKV6, 20, 2, 16, 40, "bfloat16", True)],
+                         ids=lambda x: getattr(x, "name", None))
+def test_fused_recurrent_interpret(case, T, H, K, V, dtype, varlen):
+  harness.check_op(case, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
                    interpret=True, varlen=varlen)
 
 
@@ -56,12 +61,14 @@ def test_kernels_lower_to_triton():
   B, T, H, K, V = 1, 128, 2, 64, 32
   x = (sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V), sd(B, T, H, K, dt=jnp.float32))
   cu = sd(3, dt=jnp.int32)
-  grads = lambda **kw: lambda *a: jax.grad(
-      lambda *a: jnp.sum(GLA.chunk(*a, backend="gpu", **kw)[0].astype(jnp.float32)),
-      argnums=(0, 1, 2, 3))(*a)
+  u = sd(H, K, dt=jnp.float32)
+  grads = lambda op, n, **kw: lambda *a: jax.grad(
+      lambda *a: jnp.sum(op(*a, backend="gpu", **kw)[0].astype(jnp.float32)),
+      argnums=tuple(range(n)))(*a)
   ops = {
-      "chunk fwd+bwd": (lambda *a: grads()(*a), x, 5),
-      "chunk varlen fwd+bwd": (lambda *a: grads(cu_seqlens=a[4])(*a[:4]), x + (cu,), 5),
+      "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 5),
+      "chunk varlen fwd+bwd": (lambda *a: grads(GLA.chunk, 4, cu_seqlens=a[4])(*a[:4]), x + (cu,), 5),
+      "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 5),
       "recurrent varlen": (lambda *a: GLA.fused_recurrent(*a[:4], cu_seqlens=a[4], backend="gpu"),
                            x + (cu,), 1),
   }
@@ -114,5 +121,17 @@ class TestOnGPU:
   def test_fused_recurrent(self, T, H, K, V, dtype):
     harness.check_op(GLA, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
 
-  def test_chunk_then_fused_recurrent_decode(self):
-    harness.check_decode_continuation(GLA, backend="gpu")
+  @pytest.mark.parametrize("case", [GLA, RWKV6], ids=lambda c: c.name)
+  def test_chunk_then_fused_recurrent_decode(self, case):
+    harness.check_decode_continuation(case, backend="gpu")
+
+  @pytest.mark.parametrize("T,H,K,V,dtype", harness.SHAPE_CASES[1::3])
+  def test_rwkv6(self, T, H, K, V, dtype):
+    harness.check_op(RWKV6, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
+
+  @pytest.mark.parametrize("dtype", harness.DTYPES)
+  def test_rwkv6_steep_varlen(self, dtype):
+    harness.check_op(RWKV6_STEEP, T=300, H=2, K=64, V=32, dtype=dtype, backend="gpu", varlen=True)
+
+  def test_rwkv6_bf16_long(self):
+    harness.check_op(RWKV6, T=4096, H=2, K=64, V=64, dtype="bfloat16", backend="gpu", B=1)
