@@ -49,25 +49,79 @@ def decayed_rows(x, G, g_last, dtype):
   return (x.astype(F32) * jnp.exp(g_last[None, :] - G)).astype(dtype)
 
 
+# --- the chunk walk both passes share -------------------------------------------------------------
+
+def _walk(step, NT, *, reverse, init_ref, out_ref, reset_ref=None, finish_ref=None):
+  """S = step(c, S) over the NT chunks (last to first if `reverse`), S float32 in registers.
+
+  Without flags S starts from init_ref and out_ref gets the last S. With the varlen flags (int32
+  [NT]: the sequence whose walk begins / finishes at chunk c, else -1) S is reset to init_ref[n]
+  where sequence n begins and copied to out_ref[n] where it finishes.
+  """
+  varlen_ = reset_ref is not None
+
+  def body(i, S):
+    c = NT - 1 - i if reverse else i
+    if varlen_:
+      n = reset_ref[c]
+      S = lax.cond(n >= 0, lambda: init_ref[jnp.maximum(n, 0)].astype(F32), lambda: S)
+    S = step(c, S)
+    if varlen_:
+      n = finish_ref[c]
+
+      @pl.when(n >= 0)
+      def _():
+        out_ref[jnp.maximum(n, 0)] = S
+    return S
+
+  S0 = jnp.zeros(init_ref.shape[-2:], F32) if varlen_ else init_ref[...].astype(F32)
+  S = lax.fori_loop(0, NT, body, S0)
+  if not varlen_:
+    out_ref[...] = S
+
+
+def _launch(kernel, args, in_specs, boundary, out_specs, out_shape, boundary_out, sp, starts, ends,
+            *, varlen_, interpret, bv, warps, stages):
+  """Runs a pass on grid (V / BV, B * H). `boundary` [N, H, K, V] float32 (h0, or the final-state
+  gradient) is appended to the inputs; with varlen also the chunk flags (starts, ends) and the
+  boundary again, aliased to output `boundary_out`, so sequences with no tokens pass it through."""
+  B, K, V = args[0].shape[0], boundary.shape[2], boundary.shape[3]
+  spec = sp.seq_h0(K, bv, boundary.shape[0] if varlen_ else None)
+  args, in_specs, aliases = args + [boundary], in_specs + [spec], None
+  if varlen_:
+    args += [starts, ends, boundary]
+    in_specs += [sp.seq_flags()] * 2 + [spec]
+    aliases = {len(args) - 1: boundary_out}
+  out_specs = list(out_specs)
+  out_specs.insert(boundary_out, spec)
+  out_shape = list(out_shape)
+  out_shape.insert(boundary_out, sds(boundary.shape, F32))
+  return call(kernel, (V // bv, B * sp.H), in_specs, out_specs, out_shape, interpret=interpret,
+              warps=warps, stages=stages, aliases=aliases)(*args)
+
+
+def _boundary_refs(refs, n_in, varlen_):
+  """Splits a pass kernel's refs: (inputs, boundary, start flags, end flags, outputs)."""
+  refs = list(refs)
+  flags = refs[n_in + 1:n_in + 3] if varlen_ else [None, None]
+  outs = refs[n_in + 4:] if varlen_ else refs[n_in + 1:]
+  return refs[:n_in], refs[n_in], flags[0], flags[1], outs
+
+
 # --- forward state pass ---------------------------------------------------------------------------
 
 def _state_kernel(*refs, NT, varlen_):
-  if varlen_:
-    k_ref, v_ref, g_ref, h0_ref, st_ref, en_ref, _, h_ref, fin_ref, G_ref = refs
-  else:
-    k_ref, v_ref, g_ref, h0_ref, h_ref, fin_ref, G_ref = refs
+  (k_ref, v_ref, g_ref), h0_ref, st_ref, en_ref, (h_ref, fin_ref, G_ref) = _boundary_refs(
+      refs, 3, varlen_)
   C, K = CHUNK, k_ref.shape[1]
   dt = k_ref.dtype
   prec = precision(dt)
   last_row = iota((C, K), 0) == C - 1
   write_gates = pl.program_id(0) == 0  # the value tiles share the gates: one writes them
 
-  def body(c, S):
+  def step(c, S):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
-    if varlen_:
-      s = st_ref[c]
-      S = lax.cond(s >= 0, lambda: h0_ref[jnp.maximum(s, 0)].astype(F32), lambda: S)
     h_ref[c] = S.astype(h_ref.dtype)
     G = jnp.cumsum(g_ref[sl, :], axis=0)
     g_last = jnp.sum(jnp.where(last_row, G, 0.0), axis=0)  # exactly G's last row
@@ -77,19 +131,10 @@ def _state_kernel(*refs, NT, varlen_):
       G_ref[sl, :] = G
 
     kd = decayed_rows(k_ref[sl, :], G, g_last, dt)
-    S = S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
-    if varlen_:
-      e = en_ref[c]
+    return S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
 
-      @pl.when(e >= 0)
-      def _():
-        fin_ref[jnp.maximum(e, 0)] = S
-    return S
-
-  S0 = jnp.zeros(h0_ref.shape[-2:], F32) if varlen_ else h0_ref[...].astype(F32)
-  S = lax.fori_loop(0, NT, body, S0)
-  if not varlen_:
-    fin_ref[...] = S
+  _walk(step, NT, reverse=False, init_ref=h0_ref, out_ref=fin_ref, reset_ref=st_ref,
+        finish_ref=en_ref)
 
 
 def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
@@ -99,43 +144,31 @@ def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4,
   kernels read it, so no separate cumsum pass over the gates is needed). starts / ends: int32 [NT]
   per-chunk sequence flags (varlen)."""
   B, T, H, K = k.shape
-  V, N = v.shape[-1], h0.shape[0]
+  V = v.shape[-1]
   BV = min(bv, V)
   sp = Specs(H, CHUNK, T)
-  h0_spec = sp.seq_h0(K, BV, N if varlen_ else None)
-  args = [k, v, g, h0]
-  in_specs = [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K), h0_spec]
-  aliases = None
-  if varlen_:  # sequences with no tokens keep their initial state: the output starts as h0
-    args += [starts, ends, h0]
-    in_specs += [sp.seq_flags()] * 2 + [h0_spec]
-    aliases = {len(args) - 1: 1}
   kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_)
-  return call(kern, (V // BV, B * H), in_specs, [sp.seq_state(K, BV), h0_spec, sp.seq_tok(K)],
-              [sds((B, sp.NT, H, K, V), k.dtype), sds(h0.shape, F32), sds(g.shape, F32)],
-              interpret=interpret, warps=warps, stages=stages, aliases=aliases)(*args)
+  return _launch(kern, [k, v, g], [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K)], h0,
+                 [sp.seq_state(K, BV), sp.seq_tok(K)],
+                 [sds((B, sp.NT, H, K, V), k.dtype), sds(g.shape, F32)], 1, sp, starts, ends,
+                 varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
 
 
 # --- reverse state-gradient pass ------------------------------------------------------------------
 
 def _dh_kernel(*refs, NT, scale, varlen_, split_gq):
-  refs = list(refs)
-  q_ref, k_ref, g_ref = refs[:3]
-  gq_ref = refs.pop(3) if split_gq else g_ref
-  a_ref, do_ref, dht_ref = refs[3:6]
-  st_ref, en_ref = refs[6:8] if varlen_ else (None, None)
-  dh_ref, dv_ref, dh0_ref = refs[-3:]
+  n_in = 6 if split_gq else 5
+  ins, dht_ref, st_ref, en_ref, (dh_ref, dv_ref, dh0_ref) = _boundary_refs(refs, n_in, varlen_)
+  q_ref, k_ref, g_ref = ins[:3]
+  gq_ref = ins[3] if split_gq else g_ref
+  a_ref, do_ref = ins[-2:]
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
 
-  def body(i, dS):
-    c = NT - 1 - i
+  def step(c, dS):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
-    if varlen_:
-      e = en_ref[c]
-      dS = lax.cond(e >= 0, lambda: dht_ref[jnp.maximum(e, 0)].astype(F32), lambda: dS)
     dh_ref[c] = dS.astype(dh_ref.dtype)
     g_last = g_ref[t0 + C - 1, :]
     do = do_ref[sl, :]
@@ -143,19 +176,11 @@ def _dh_kernel(*refs, NT, scale, varlen_, split_gq):
     dv = dot_tn(a_ref[sl, :], do, prec) + dot(kd, dS.astype(dt), prec)
     dv_ref[sl, :] = dv.astype(dv_ref.dtype)
     qd = (q_ref[sl, :].astype(F32) * (jnp.exp(gq_ref[sl, :]) * scale)).astype(dt)
-    dS = dS * jnp.exp(g_last)[:, None] + dot_tn(qd, do, prec)
-    if varlen_:
-      s = st_ref[c]
+    return dS * jnp.exp(g_last)[:, None] + dot_tn(qd, do, prec)
 
-      @pl.when(s >= 0)
-      def _():
-        dh0_ref[jnp.maximum(s, 0)] = dS
-    return dS
-
-  dS0 = jnp.zeros(dht_ref.shape[-2:], F32) if varlen_ else dht_ref[...].astype(F32)
-  dS = lax.fori_loop(0, NT, body, dS0)
-  if not varlen_:
-    dh0_ref[...] = dS
+  # Walking backwards, a sequence begins at its last chunk and finishes at its first.
+  _walk(step, NT, reverse=True, init_ref=dht_ref, out_ref=dh0_ref, reset_ref=en_ref,
+        finish_ref=st_ref)
 
 
 def dh_pass(q, k, G, Gq, A, do, dht, starts, ends, *, scale, varlen_, interpret, bv=32, warps=4,
@@ -164,22 +189,14 @@ def dh_pass(q, k, G, Gq, A, do, dht, starts, ends, *, scale, varlen_, interpret,
   forward's scores; do [B, T, H, V]; dht [N, H, K, V] float32. Returns dh [B, NT, H, K, V] and
   dv [B, T, H, V] (input dtype) and d initial_state [N, H, K, V] (float32)."""
   B, T, H, K = k.shape
-  V, N = do.shape[-1], dht.shape[0]
+  V = do.shape[-1]
   BV = min(bv, V)
   sp = Specs(H, CHUNK, T)
-  h0_spec = sp.seq_h0(K, BV, N if varlen_ else None)
   gates = [G] if Gq is None else [G, Gq]
-  args = [q, k, *gates, A, do, dht]
-  in_specs = ([sp.seq_tok(K)] * (2 + len(gates)) +
-              [sp.seq_tok(CHUNK), sp.seq_tok(BV, True), h0_spec])
-  aliases = None
-  if varlen_:  # sequences with no tokens pass the final-state gradient straight through
-    args += [starts, ends, dht]
-    in_specs += [sp.seq_flags()] * 2 + [h0_spec]
-    aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=scale, varlen_=varlen_,
                            split_gq=Gq is not None)
-  return call(kern, (V // BV, B * H), in_specs,
-              [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
-              [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
-              interpret=interpret, warps=warps, stages=stages, aliases=aliases)(*args)
+  return _launch(kern, [q, k, *gates, A, do],
+                 [sp.seq_tok(K)] * (2 + len(gates)) + [sp.seq_tok(CHUNK), sp.seq_tok(BV, True)],
+                 dht, [sp.seq_state(K, BV), sp.seq_tok(BV, True)],
+                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype)], 2, sp, starts, ends,
+                 varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
