@@ -1,8 +1,8 @@
 """Chunked GLA with a per-channel decay as Pallas GPU kernels (Triton lowering), with a custom_vjp.
 
 The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32,
-formed and written by the state pass), Gq the query side's (G for GLA; G - g for RWKV-6, which reads the
-state before its token), C = 64, and every chunk is split into four 16-row sub-chunks:
+formed and written by the state pass), Gq the query side's (G for GLA; G - g for RWKV-6, which
+reads the state before its token), C = 64, and every chunk is split into four 16-row sub-chunks:
 
 forward
   1. `state_pass` (gpu_state.py) grid (V/BV, B*H): G, the chunk-start states h [B, NT, H, K, V]
@@ -71,7 +71,7 @@ class _Static(NamedTuple):
 
 
 def unsupported(q, k, v, g=None, *_, **__) -> str | None:
-  """Why the GPU kernels cannot run these inputs (None when they can): the dispatch `supports` hook."""
+  """Why the GPU kernels cannot run these inputs (None when they can): dispatch's `supports` hook."""
   K, V = q.shape[-1], v.shape[-1]
   if g is not None and g.ndim != 4:
     return f"gates of shape {g.shape} (the GLA kernels take per-channel gates [B, T, H, K])"
@@ -114,7 +114,8 @@ def _output_kernel(*refs, scale, exclusive):
     if p:
       g_r = gq_ref[p * SUB, :][None, :]
       qa = (q * jnp.exp(Gq - g_r)).astype(dt)
-      ka = k_ref[...].astype(F32) * jnp.exp(jnp.where(key_row < p * SUB, g_r - g_ref[...], -jnp.inf))
+      before_r = jnp.where(key_row < p * SUB, g_r - g_ref[...], -jnp.inf)
+      ka = k_ref[...].astype(F32) * jnp.exp(before_r)
       A = dot_nt(qa, ka.astype(dt), prec)
 
     def diagonal(t, A, p=p, q=q, Gq=Gq):
@@ -181,7 +182,8 @@ def _dqkg_kernel(*refs, scale, exclusive):
     dk = dot_nt(v, dh, prec) * jnp.exp(g_last[None, :] - G)
     if p > 0:      # keys of earlier blocks, relative to this block's first query row r
       g_r = gq_ref[p * SUB, :][None, :]
-      ka = k_ref[...].astype(F32) * jnp.exp(jnp.where(tok_row < p * SUB, g_r - g_ref[...], -jnp.inf))
+      before_r = jnp.where(tok_row < p * SUB, g_r - g_ref[...], -jnp.inf)
+      ka = k_ref[...].astype(F32) * jnp.exp(before_r)
       dq += dot(dA.astype(dt), ka.astype(dt), prec) * jnp.exp(Gq - g_r)
     if p < n - 1:  # queries of later blocks, relative to this block's last key row e
       g_e = g_ref[p * SUB + SUB - 1, :][None, :]
@@ -202,7 +204,8 @@ def _dqkg_kernel(*refs, scale, exclusive):
         dq_bonus = [dq_bonus[0] + jnp.where(sub_row == t, a * q * k_j, 0.0)]
       return dq, dk, *dq_bonus
 
-    dq, dk, *dq_bonus = lax.fori_loop(0, SUB, diagonal, (dq, dk) + (jnp.zeros_like(dq),) * exclusive)
+    carry = (dq, dk) + (jnp.zeros_like(dq),) * exclusive
+    dq, dk, *dq_bonus = lax.fori_loop(0, SUB, diagonal, carry)
     dq_ref[rows, :] = dq.astype(dq_ref.dtype)
     dk_ref[rows, :] = dk.astype(dk_ref.dtype)
     dGq = q * dq
@@ -234,7 +237,8 @@ def _dqkg(q, k, v, G, Gq, u, do, h, dh, st: _Static):
     gates += [Gq, u]
     gate_specs += [tile, pl.BlockSpec((None, BK), lambda ik, n, bh: (bh % H, ik))]
     outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
-    out_specs.append(pl.BlockSpec((None, None, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik)))
+    out_specs.append(pl.BlockSpec((None, None, None, BK),
+                                  lambda ik, n, bh: (bh // H, n, bh % H, ik)))
   kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
   dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), [tile] * 2 + gate_specs
                          + [full, full, state, state], out_specs, outs, interpret=st.interpret,
@@ -386,7 +390,8 @@ def _recurrent(q, k, v, g, u, h0, cu_seqlens, static):
   Kp, Vp = next_pow2(K), next_pow2(V)
   pad_k = lambda x: pad_axis(x, 3, Kp)
   o, S = _recurrent_forward(pad_k(q), pad_k(k.astype(q.dtype)), pad_axis(v.astype(q.dtype), 3, Vp),
-                            pad_k(g.astype(F32)), None if u is None else pad_axis(u.astype(F32), 1, Kp),
+                            pad_k(g.astype(F32)),
+                            None if u is None else pad_axis(u.astype(F32), 1, Kp),
                             pad_axis(pad_axis(h0, 2, Kp), 3, Vp), cu_seqlens, scale=scale,
                             interpret=interpret)
   return o[..., :V], S[:, :, :K, :V]

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu_utils import F32, Specs, compiler_params, dot, dot_tn, iota, precision
+from pallas_kernels.common.gpu_utils import (F32, Specs, compiler_params, dot, dot_tn, iota,
+                                             precision)
 
 CHUNK = 64
 
@@ -138,11 +139,11 @@ def _state_kernel(*refs, NT, varlen_):
 
 
 def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
-  """k [B, T, H, K], v [B, T, H, V] (input dtype), g [B, T, H, K] float32 log decays, h0 [N, H, K, V]
-  float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype), the final states
-  [N, H, K, V] (float32) and G [B, T, H, K], the chunk-local cumsum of g (float32: the chunk-parallel
-  kernels read it, so no separate cumsum pass over the gates is needed). starts / ends: int32 [NT]
-  per-chunk sequence flags (varlen)."""
+  """k [B, T, H, K], v [B, T, H, V] (input dtype), g [B, T, H, K] float32 log decays,
+  h0 [N, H, K, V] float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype), the
+  final states [N, H, K, V] (float32) and G [B, T, H, K], the chunk-local cumsum of g (float32: the
+  chunk-parallel kernels read it, so no separate cumsum pass over the gates is needed).
+  starts / ends: int32 [NT] per-chunk sequence flags (varlen)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   BV = min(bv, V)

@@ -27,8 +27,8 @@ def gates_scaled(case, gate_scale):
 STEEP, GENTLE = gates_scaled(GLA, 10.0), gates_scaled(GLA, 0.01)
 RWKV6_STEEP = gates_scaled(RWKV6, 10.0)
 
-# (case, T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V != K, both dtypes, H = 2 (each
-# head its own gates), packed varlen with an empty sequence, steep and gentle gates.
+# (case, T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V != K, both dtypes, H = 2
+# (each head its own gates), packed varlen with an empty sequence, steep and gentle gates.
 INTERPRET_CASES = [
     (GLA, 65, 2, 100, 48, "bfloat16", False),
     (GLA, 150, 2, 32, 16, "float32", True),
@@ -67,7 +67,8 @@ def test_kernels_lower_to_triton():
       argnums=tuple(range(n)))(*a)
   ops = {
       "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 5),
-      "chunk varlen fwd+bwd": (lambda *a: grads(GLA.chunk, 4, cu_seqlens=a[4])(*a[:4]), x + (cu,), 5),
+      "chunk varlen fwd+bwd": (lambda *a: grads(GLA.chunk, 4, cu_seqlens=a[4])(*a[:4]),
+                               x + (cu,), 5),
       "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 5),
       "recurrent varlen": (lambda *a: GLA.fused_recurrent(*a[:4], cu_seqlens=a[4], backend="gpu"),
                            x + (cu,), 1),
@@ -81,7 +82,8 @@ def test_kernels_lower_to_triton():
 def test_unsupported_inputs_fall_back_or_raise():
   x = GLA.make_inputs(np.random.default_rng(0), 1, 8, 1, 300, 8)
   assert "head dims" in gla_gpu.unsupported(x["q"], x["k"], x["v"], x["g"])
-  assert gla_gpu.unsupported(x["q"][..., :100], x["k"][..., :100], x["v"], x["g"][..., :100]) is None
+  narrow = {n: a[..., :100] for n, a in x.items()}
+  assert gla_gpu.unsupported(narrow["q"], narrow["k"], x["v"], narrow["g"]) is None
   assert "per-channel" in gla_gpu.unsupported(x["q"], x["k"], x["v"], x["g"][..., 0])
   with pytest.raises(ValueError, match="cannot run"):
     GLA.chunk(*x.values(), backend="gpu", interpret=True)
