@@ -1,0 +1,203 @@
+"""The two sequential passes of chunked GLA with a per-channel decay, as Pallas GPU kernels (Triton
+lowering): the forward state pass and the reverse state-gradient (dh) pass.
+
+Both run on grid (V / BV, B * H): one program per value tile and head walks the NT chunks
+(`lax.fori_loop`) with a float32 [K, BV] state in registers. The value tile is the first grid axis,
+which Triton launches fastest, so the programs of one head run side by side and share its keys and
+gates through L2. Per chunk (G the float32 chunk-local gate cumsum [C, K], G_C its last row):
+
+  state pass   G = cumsum(g) (written once, for the other kernels);  h[c] = S;
+               S <- diag(exp(G_C)) S + (k exp(G_C - G))^T v
+  dh pass      dh[c] = dS (the gradient of the state at the chunk's end);
+               dv = A^T do + (k exp(G_C - G)) dS;  dS <- diag(exp(G_C)) dS + (scale q exp(Gq))^T do
+
+A is the forward's intra-chunk score matrix (stored by the output kernel), so dv's intra-chunk part
+costs one [C, C] x [C, BV] dot here instead of a chunk-parallel kernel of its own. Gq is the query
+side cumsum: G for GLA, G - g for RWKV-6 (it reads the state before its token).
+
+Nothing here knows about GLA beyond those formulas: KDA and RWKV-6 walk their states the same way.
+Varlen inputs are re-packed chunk-aligned (`common.varlen`); per-chunk flags say where a sequence
+starts (reset to its initial state) and ends (write its final state).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common.gpu_utils import (F32, Specs, compiler_params, dot, dot_tn, iota,
+                                             precision)
+
+CHUNK = 64
+
+
+def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None):
+  """pallas_call with the Triton compiler parameters of this package."""
+  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, input_output_aliases=aliases or {},
+                        compiler_params=compiler_params(warps, stages), interpret=interpret)
+
+
+def sds(shape, dtype):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def decayed_rows(x, G, g_last, dtype):
+  """x exp(G_C - G) in `dtype` (a matmul operand): each row decayed to the chunk's end (<= 1)."""
+  return (x.astype(F32) * jnp.exp(g_last[None, :] - G)).astype(dtype)
+
+
+# --- the chunk walk both passes share -------------------------------------------------------------
+
+def _walk(step, NT, *, reverse, init_ref, out_ref, reset_ref=None, finish_ref=None):
+  """S = step(c, S) over the NT chunks (last to first if `reverse`), S float32 in registers.
+
+  Without flags S starts from init_ref and out_ref gets the last S. With the varlen flags (int32
+  [NT]: the sequence whose walk begins / finishes at chunk c, else -1) S is reset to init_ref[n]
+  where sequence n begins and copied to out_ref[n] where it finishes.
+  """
+  varlen_ = reset_ref is not None
+
+  def body(i, S):
+    c = NT - 1 - i if reverse else i
+    if varlen_:
+      n = reset_ref[c]
+      S = lax.cond(n >= 0, lambda: init_ref[jnp.maximum(n, 0)].astype(F32), lambda: S)
+    S = step(c, S)
+    if varlen_:
+      n = finish_ref[c]
+
+      @pl.when(n >= 0)
+      def _():
+        out_ref[jnp.maximum(n, 0)] = S
+    return S
+
+  S0 = jnp.zeros(init_ref.shape[-2:], F32) if varlen_ else init_ref[...].astype(F32)
+  S = lax.fori_loop(0, NT, body, S0)
+  if not varlen_:
+    out_ref[...] = S
+
+
+def _launch(kernel, args, in_specs, boundary, out_specs, out_shape, boundary_out, sp, starts, ends,
+            *, varlen_, interpret, bv, warps, stages):
+  """Runs a pass on grid (V / BV, B * H). `boundary` [N, H, K, V] float32 (h0, or the final-state
+  gradient) is appended to the inputs; with varlen also the chunk flags (starts, ends) and the
+  boundary again, aliased to output `boundary_out`, so sequences with no tokens pass it through."""
+  B, K, V = args[0].shape[0], boundary.shape[2], boundary.shape[3]
+  spec = sp.seq_h0(K, bv, boundary.shape[0] if varlen_ else None)
+  args, in_specs, aliases = args + [boundary], in_specs + [spec], None
+  if varlen_:
+    args += [starts, ends, boundary]
+    in_specs += [sp.seq_flags()] * 2 + [spec]
+    aliases = {len(args) - 1: boundary_out}
+  out_specs = list(out_specs)
+  out_specs.insert(boundary_out, spec)
+  out_shape = list(out_shape)
+  out_shape.insert(boundary_out, sds(boundary.shape, F32))
+  return call(kernel, (V // bv, B * sp.H), in_specs, out_specs, out_shape, interpret=interpret,
+              warps=warps, stages=stages, aliases=aliases)(*args)
+
+
+def _boundary_refs(refs, n_in, varlen_):
+  """Splits a pass kernel's refs: (inputs, boundary, start flags, end flags, outputs)."""
+  refs = list(refs)
+  flags = refs[n_in + 1:n_in + 3] if varlen_ else [None, None]
+  outs = refs[n_in + 4:] if varlen_ else refs[n_in + 1:]
+  return refs[:n_in], refs[n_in], flags[0], flags[1], outs
+
+
+# --- forward state pass ---------------------------------------------------------------------------
+
+def _state_kernel(*refs, NT, varlen_):
+  (k_ref, v_ref, g_ref), h0_ref, st_ref, en_ref, (h_ref, fin_ref, G_ref) = _boundary_refs(
+      refs, 3, varlen_)
+  C, K = CHUNK, k_ref.shape[1]
+  dt = k_ref.dtype
+  prec = precision(dt)
+  last_row = iota((C, K), 0) == C - 1
+  write_gates = pl.program_id(0) == 0  # the value tiles share the gates: one writes them
+
+  def step(c, S):
+    t0 = pl.multiple_of(c * C, C)
+    sl = pl.ds(t0, C)
+    h_ref[c] = S.astype(h_ref.dtype)
+    G = jnp.cumsum(g_ref[sl, :], axis=0)
+    g_last = jnp.sum(jnp.where(last_row, G, 0.0), axis=0)  # exactly G's last row
+
+    @pl.when(write_gates)
+    def _():
+      G_ref[sl, :] = G
+
+    kd = decayed_rows(k_ref[sl, :], G, g_last, dt)
+    return S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
+
+  _walk(step, NT, reverse=False, init_ref=h0_ref, out_ref=fin_ref, reset_ref=st_ref,
+        finish_ref=en_ref)
+
+
+def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
+  """k [B, T, H, K], v [B, T, H, V] (input dtype), g [B, T, H, K] float32 log decays,
+  h0 [N, H, K, V] float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype), the
+  final states [N, H, K, V] (float32) and G [B, T, H, K], the chunk-local cumsum of g (float32: the
+  chunk-parallel kernels read it, so no separate cumsum pass over the gates is needed).
+  starts / ends: int32 [NT] per-chunk sequence flags (varlen)."""
+  B, T, H, K = k.shape
+  V = v.shape[-1]
+  BV = min(bv, V)
+  sp = Specs(H, CHUNK, T)
+  kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_)
+  return _launch(kern, [k, v, g], [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K)], h0,
+                 [sp.seq_state(K, BV), sp.seq_tok(K)],
+                 [sds((B, sp.NT, H, K, V), k.dtype), sds(g.shape, F32)], 1, sp, starts, ends,
+                 varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
+
+
+# --- reverse state-gradient pass ------------------------------------------------------------------
+
+def _dh_kernel(*refs, NT, scale, varlen_, split_gq):
+  n_in = 6 if split_gq else 5
+  ins, dht_ref, st_ref, en_ref, (dh_ref, dv_ref, dh0_ref) = _boundary_refs(refs, n_in, varlen_)
+  q_ref, k_ref, g_ref = ins[:3]
+  gq_ref = ins[3] if split_gq else g_ref
+  a_ref, do_ref = ins[-2:]
+  C = CHUNK
+  dt = k_ref.dtype
+  prec = precision(dt)
+
+  def step(c, dS):
+    t0 = pl.multiple_of(c * C, C)
+    sl = pl.ds(t0, C)
+    dh_ref[c] = dS.astype(dh_ref.dtype)
+    g_last = g_ref[t0 + C - 1, :]
+    do = do_ref[sl, :]
+    kd = decayed_rows(k_ref[sl, :], g_ref[sl, :], g_last, dt)
+    dv = dot_tn(a_ref[sl, :], do, prec) + dot(kd, dS.astype(dt), prec)
+    dv_ref[sl, :] = dv.astype(dv_ref.dtype)
+    qd = (q_ref[sl, :].astype(F32) * (jnp.exp(gq_ref[sl, :]) * scale)).astype(dt)
+    return dS * jnp.exp(g_last)[:, None] + dot_tn(qd, do, prec)
+
+  # Walking backwards, a sequence begins at its last chunk and finishes at its first.
+  _walk(step, NT, reverse=True, init_ref=dht_ref, out_ref=dh0_ref, reset_ref=en_ref,
+        finish_ref=st_ref)
+
+
+def dh_pass(q, k, G, Gq, A, do, dht, starts, ends, *, scale, varlen_, interpret, bv=32, warps=4,
+            stages=2):
+  """q, k [B, T, H, K]; G, Gq [B, T, H, K] float32 (Gq None: the same as G); A [B, T, H, C] the
+  forward's scores; do [B, T, H, V]; dht [N, H, K, V] float32. Returns dh [B, NT, H, K, V] and
+  dv [B, T, H, V] (input dtype) and d initial_state [N, H, K, V] (float32)."""
+  B, T, H, K = k.shape
+  V = do.shape[-1]
+  BV = min(bv, V)
+  sp = Specs(H, CHUNK, T)
+  gates = [G] if Gq is None else [G, Gq]
+  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=scale, varlen_=varlen_,
+                           split_gq=Gq is not None)
+  return _launch(kern, [q, k, *gates, A, do],
+                 [sp.seq_tok(K)] * (2 + len(gates)) + [sp.seq_tok(CHUNK), sp.seq_tok(BV, True)],
+                 dht, [sp.seq_state(K, BV), sp.seq_tok(BV, True)],
+                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype)], 2, sp, starts, ends,
+                 varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
