@@ -39,13 +39,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.gpu_utils import (F32, SUB, Specs, dot, dot_nt, dot_tn, iota, next_pow2,
-                                             pad_axis, precision)
+from pallas_kernels.common.gpu.kernel_math import (F32, SUB, dot, dot_nt, dot_tn, iota,
+                                                   precision)
+from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, next_pow2, pad_axis
 from pallas_kernels.gla import reference
 from pallas_kernels.gla.gpu_state import (CHUNK, call, decayed_rows, dh_pass, sds, state_pass)
 
-MAX_DIM = 256
-DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 class Config(NamedTuple):
@@ -284,7 +283,7 @@ def _gla_bwd(st, res, cts):
 _gla.defvjp(_gla_fwd, _gla_bwd)
 
 
-def run_chunk(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def run_chunk(q, k, v, g, u=None, *, scale, initial_state, cu_seqlens=None, interpret=False,
               config: Config = DEFAULT):
   """The kernels' entry for GLA and, with the bonus u [H, K], RWKV-6 (o_t reads S_{t-1}).
 
@@ -298,8 +297,6 @@ def run_chunk(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None,
   V, dt, C = v.shape[-1], q.dtype, CHUNK
   Kp, Vp = next_pow2(K), next_pow2(V)
   k, v, g = k.astype(dt), v.astype(dt), g.astype(F32)
-  n_seq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = jnp.zeros((n_seq, H, K, V), F32) if initial_state is None else initial_state.astype(F32)
 
   layout = None
   if cu_seqlens is not None:
@@ -311,7 +308,7 @@ def run_chunk(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None,
     starts = ends = jnp.zeros((1,), jnp.int32)
   q, k, g = (pad_axis(x, 3, Kp) for x in (q, k, g))
   v = pad_axis(v, 3, Vp)
-  h0 = pad_axis(pad_axis(h0, 2, Kp), 3, Vp)
+  h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
   if u is not None:
     u = pad_axis(u.astype(F32), 1, Kp)
   st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config, u is not None)
@@ -321,7 +318,7 @@ def run_chunk(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None,
   return o, S[:, :, :K, :V]
 
 
-def chunk_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, interpret=False,
               config: Config = DEFAULT):
   """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decays.
 
@@ -414,16 +411,12 @@ def _recurrent_bwd(static, res, cts):
 _recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
 
 
-def recurrent(q, k, v, g, u=None, *, scale, initial_state=None, cu_seqlens=None, interpret=False):
+def recurrent(q, k, v, g, u=None, *, scale, initial_state, cu_seqlens=None, interpret=False):
   """GLA (or with u, RWKV-6) token by token. Shapes as `fused_recurrent_gla`; u [H, K]."""
-  B, _, H, K = q.shape
-  N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-  h0 = (jnp.zeros((N, H, K, v.shape[-1]), F32) if initial_state is None
-        else initial_state.astype(F32))
-  return _recurrent(q, k, v, g, u, h0, cu_seqlens, (float(scale), bool(interpret)))
+  return _recurrent(q, k, v, g, u, initial_state, cu_seqlens, (float(scale), bool(interpret)))
 
 
-def fused_recurrent_gla(q, k, v, g, *, scale, initial_state=None, cu_seqlens=None, interpret=False):
+def fused_recurrent_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, interpret=False):
   """Token by token (decode): one launch reads each state once and writes it once. Shapes as
   `chunk_gla`."""
   return recurrent(q, k, v, g, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu_utils import (F32, Specs, compiler_params, dot, dot_tn, iota,
-                                             precision)
+from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_tn, iota, precision
+from pallas_kernels.common.gpu.layout import Specs, compiler_params
 
 CHUNK = 64
 

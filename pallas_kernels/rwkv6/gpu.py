@@ -10,7 +10,7 @@ from pallas_kernels.gla import gpu as _gla
 unsupported = _gla.unsupported  # the dispatch `supports` hook: (r, k, v, w, u) -> reason or None
 
 
-def chunk_rwkv6(r, k, v, w, u, *, scale, initial_state=None, cu_seqlens=None, interpret=False,
+def chunk_rwkv6(r, k, v, w, u, *, scale, initial_state, cu_seqlens=None, interpret=False,
                 config: _gla.Config = _gla.DEFAULT):
   """r, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K] log decays; u [H, K] bonus.
 
@@ -20,7 +20,7 @@ def chunk_rwkv6(r, k, v, w, u, *, scale, initial_state=None, cu_seqlens=None, in
                         cu_seqlens=cu_seqlens, interpret=interpret, config=config)
 
 
-def fused_recurrent_rwkv6(r, k, v, w, u, *, scale, initial_state=None, cu_seqlens=None,
+def fused_recurrent_rwkv6(r, k, v, w, u, *, scale, initial_state, cu_seqlens=None,
                           interpret=False):
   """Token by token (decode): the GLA kernel reading S_{t-1} + diag(u) k_t v_t^T."""
   return _gla.recurrent(r, k, v, w, u, scale=scale, initial_state=initial_state,
