@@ -29,7 +29,8 @@ VOCAB, LAYERS, HIDDEN = 32000, 24, 1024
 
 
 def fla_gated_deltanet(seq: int):
-  try:  # fla refuses its gated backward kernels on Hopper with Triton < 3.7.1 (benchmarks/fla_ops.py)
+  # fla refuses its gated backward kernels on Hopper with Triton < 3.7.1 (as benchmarks/fla_ops.py)
+  try:
     import fla.ops.common.chunk_o as chunk_o
     chunk_o.TRITON_ABOVE_3_7_1 = True
   except (ImportError, AttributeError):
@@ -95,7 +96,8 @@ def measure(build, batch: int, seq: int, warmup: int, steps: int) -> dict:
 
 
 def main():
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default=os.environ.get("OUT", "."))
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=4096)

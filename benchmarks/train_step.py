@@ -111,7 +111,8 @@ def main():
   p.add_argument("--loss_chunk", type=int, default=base_config().train.loss_chunk,
                  help="tokens per chunk of the fused head + cross-entropy; 0: plain float32 logits")
   p.add_argument("--torch", default=None, help="torch_train_step.json to print beside ours")
-  p.add_argument("--run_torch", action="store_true", help="run benchmarks/torch_train_step.py first")
+  p.add_argument("--run_torch", action="store_true",
+                 help="run benchmarks/torch_train_step.py first")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", default="none")
@@ -136,8 +137,9 @@ def main():
     print(f"no torch figures: {a.torch} was not written")
   with open(a.json, "w") as f:
     json.dump(rows, f, indent=1)
-  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk} (ours; peak GiB: process-wide "
-        "for ours)\n| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s |")
+  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk} (peak GiB of ours: "
+        "process-wide)\n"
+        "| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s |")
   print("|---|---|---|---|---|---|---|")
   for r in rows:
     if "error" in r:
