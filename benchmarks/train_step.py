@@ -2,6 +2,13 @@
 
     python benchmarks/train_step.py                                  # the H200 anchor comparison
     python benchmarks/train_step.py --presets gated_deltanet_340m_fla --batch 8 --seq 4096
+    python benchmarks/train_step.py --run_torch                      # + fla and HF Llama, same call
+    python benchmarks/train_step.py --run_torch --long               # B=1, T=32,768
+    python benchmarks/train_step.py --torch DIR/torch_train_step.json    # torch figures run before
+
+--run_torch runs benchmarks/torch_train_step.py (fla's GatedDeltaNetForCausalLM and HF's
+LlamaForCausalLM at the same batch and length) in a subprocess before JAX touches the GPU, so the
+two frameworks never hold device memory at once, and prints its rows beside ours.
 
 Runs lineax_lm.train.trainer.Trainer's jitted step (AdamW, clipping, bf16 activations with float32
 master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM timed the same way
@@ -16,6 +23,8 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -28,21 +37,21 @@ from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, validate_config
 
 
-def build(preset: str, batch: int, seq: int, overrides: dict):
+def build(preset: str, batch: int, seq: int, overrides: dict, loss_chunk: int):
   model = dataclasses.asdict(get_preset(preset, **overrides))
   model["mixer_cfg"] = dict(model["mixer_cfg"])
   config = base_config()
   config.model = model
   config.data.update(dict(seq_len=seq, global_batch_size=batch))
   config.data.mqar.vocab_size = min(config.data.mqar.vocab_size, model["vocab_size"])
-  config.train.update(dict(steps=1000, warmup_steps=10))
+  config.train.update(dict(steps=1000, warmup_steps=10, loss_chunk=loss_chunk))
   mesh = sharding.make_mesh(config.mesh)
   return Trainer(config, validate_config(config, mesh), mesh)
 
 
-def run(preset, batch, seq, steps, overrides):
+def run(preset, batch, seq, steps, overrides, loss_chunk):
   t0 = time.perf_counter()
-  trainer = build(preset, batch, seq, overrides)
+  trainer = build(preset, batch, seq, overrides, loss_chunk)
   vocab = trainer.model_cfg.vocab_size
   rng = np.random.default_rng(0)
   batches = [trainer.put_batch({"inputs": rng.integers(0, vocab, (batch, seq), dtype=np.int32),
@@ -71,11 +80,39 @@ def run(preset, batch, seq, steps, overrides):
   return row
 
 
+def torch_rows(path: str, batch: int, seq: int) -> list:
+  """Rows of torch_train_step.json in this script's row format (errors kept as such)."""
+  with open(path) as f:
+    result = json.load(f)
+  shape = "" if (result.get("batch"), result.get("seq")) == (batch, seq) else (
+      f", B={result.get('batch')} T={result.get('seq')}")
+  rows = []
+  for name, r in result.get("models", {}).items():
+    rows.append(dict(preset=f"{name} (torch {result.get('torch', '?')}{shape})", mfu_6N=None) | r)
+    if "params_M" in r and "tokens_per_s" in r:
+      peak = metrics.peak_flops_per_device()
+      rows[-1]["mfu_6N"] = 6 * r["params_M"] * 1e6 * r["tokens_per_s"] / peak if peak else None
+  return rows
+
+
+def run_torch(batch: int, seq: int, steps: int, out: str) -> str:
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
+  subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
+                  "--steps", str(steps)], check=False)
+  return os.path.join(out, "torch_train_step.json")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--presets", default="gated_deltanet_340m_fla,gated_deltanet_340m_fla:3:1")
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=4096)
+  p.add_argument("--long", action="store_true", help="the long-context target: B=1, T=32,768")
+  p.add_argument("--loss_chunk", type=int, default=base_config().train.loss_chunk,
+                 help="tokens per chunk of the fused head + cross-entropy; 0: plain float32 logits")
+  p.add_argument("--torch", default=None, help="torch_train_step.json to print beside ours")
+  p.add_argument("--run_torch", action="store_true",
+                 help="run benchmarks/torch_train_step.py first")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", default="none")
@@ -83,22 +120,36 @@ def main():
                  help="jax.nn.dot_product_attention implementation of the attention layers")
   p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "train_step.json"))
   a = p.parse_args()
+  if a.long:
+    a.batch, a.seq = 1, 32768
+  if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
+    a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)))
   print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
   rows = []
   for spec in a.presets.split(","):
     preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
     overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
                      **({"attn_ratio": ratio} if ratio else {}))
-    rows.append(run(preset, a.batch, a.seq, a.steps, overrides) | {"preset": spec})
+    rows.append(run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk) | {"preset": spec})
+  if a.torch and os.path.exists(a.torch):
+    rows += torch_rows(a.torch, a.batch, a.seq)
+  elif a.torch:
+    print(f"no torch figures: {a.torch} was not written")
   with open(a.json, "w") as f:
     json.dump(rows, f, indent=1)
-  print(f"\nB={a.batch} T={a.seq} {a.dtype}\n| model | params | tokens/s | MFU (6N) | peak GiB | step ms |")
-  print("|---|---|---|---|---|---|")
+  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk} (peak GiB of ours: "
+        "process-wide)\n"
+        "| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s |")
+  print("|---|---|---|---|---|---|---|")
   for r in rows:
+    if "error" in r:
+      print(f"| {r['preset']} | error: {r['error'][:200]} |")
+      continue
     mfu = f"{r['mfu_6N']:.3f}" if r["mfu_6N"] else "-"
     peak = f"{r['peak_GiB']:.1f}" if r["peak_GiB"] else "-"
+    first = r.get("compile_s", r.get("first_step_s"))
     print(f"| {r['preset']} | {r['params_M']:.0f}M | {r['tokens_per_s'] / 1e3:.1f}k | {mfu} | {peak} | "
-          f"{r['step_s'] * 1e3:.0f} |")
+          f"{r['step_s'] * 1e3:.0f} | {first:.0f} |")
 
 
 if __name__ == "__main__":

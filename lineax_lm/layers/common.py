@@ -79,6 +79,15 @@ def check_expand(name: str, head_dim: int, expand_v: float) -> int:
   return round(head_dim * expand_v)
 
 
+def recomputed(fn):
+  """`fn` under jax.checkpoint saving nothing: for the elementwise float32 math around bf16
+  activations (norms, short convolutions), whose autodiff residuals are otherwise float32 copies
+  [B, L, C] of inputs and intermediates (a short convolution left 4 upcast taps, their sum and two
+  SiLU terms); the backward recomputes them from the activation-dtype inputs in one fused pass,
+  so only those inputs are kept."""
+  return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)
+
+
 # ----------------------------------------------------------------------------------------- norms
 def _rms(x, eps):
   x = x.astype(F32)
@@ -93,7 +102,8 @@ class RMSNorm(nnx.Module):
     self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
 
   def __call__(self, x):
-    return (_rms(x, self.eps) * self.weight[...].astype(F32)).astype(x.dtype)
+    return recomputed(lambda x, w: (_rms(x, self.eps) * w.astype(F32)).astype(x.dtype))(
+        x, self.weight[...])
 
 
 class GatedRMSNorm(nnx.Module):
@@ -106,9 +116,11 @@ class GatedRMSNorm(nnx.Module):
     self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
 
   def __call__(self, o, g):
-    g = g.astype(F32)
-    gate = jax.nn.silu(g) if self.activation == "swish" else jax.nn.sigmoid(g)
-    return (_rms(o, self.eps) * self.weight[...].astype(F32) * gate).astype(o.dtype)
+    def norm(o, g, w):
+      g = g.astype(F32)
+      gate = jax.nn.silu(g) if self.activation == "swish" else jax.nn.sigmoid(g)
+      return (_rms(o, self.eps) * w.astype(F32) * gate).astype(o.dtype)
+    return recomputed(norm)(o, g, self.weight[...])
 
 
 class GroupNorm(nnx.Module):
@@ -191,14 +203,16 @@ class ShortConv(nnx.Module):
 
   def __call__(self, x, state=None, reset_ids=None):
     """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
-    taps, new_state = causal_taps(x, self.width, state, reset_ids)
-    w = self.weight[...].astype(F32)
-    y = sum(tap.astype(F32) * w[self.width - 1 - s] for s, tap in enumerate(taps))
-    if self.bias is not None:
-      y = y + self.bias[...].astype(F32)
-    if self.activation == "silu":
-      y = jax.nn.silu(y)
-    return y.astype(x.dtype), new_state
+    def conv(x, w, bias, state):
+      taps, new_state = causal_taps(x, self.width, state, reset_ids)
+      y = sum(tap.astype(F32) * w.astype(F32)[self.width - 1 - s] for s, tap in enumerate(taps))
+      if bias is not None:
+        y = y + bias.astype(F32)
+      if self.activation == "silu":
+        y = jax.nn.silu(y)
+      return y.astype(x.dtype), new_state
+    bias = None if self.bias is None else self.bias[...]
+    return recomputed(conv)(x, self.weight[...], bias, state)
 
 
 # ----------------------------------------------------------------------------- gate initialisers

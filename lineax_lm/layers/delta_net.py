@@ -15,7 +15,8 @@ from pallas_kernels.common.chunk import l2norm
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
 
 from lineax_lm.layers.base import LinearMixer
-from lineax_lm.layers.common import F32, Context, LayerSpec, MixerConfig, dense, run_op
+from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, dense, recomputed,
+                                     run_op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class DeltaNet(LinearMixer):
     elif cfg.qk_activation == "elu":
       q, k = jax.nn.elu(q) + 1, jax.nn.elu(k) + 1
     if cfg.qk_norm == "l2":
-      q, k = l2norm(q), l2norm(k)
+      q, k = recomputed(l2norm)(q), recomputed(l2norm)(k)
     else:
       q, k = q / jnp.sum(q, -1, keepdims=True), k / jnp.sum(k, -1, keepdims=True)
     beta = (jax.nn.sigmoid(self.b_proj(x).astype(F32)) if cfg.use_beta

@@ -18,7 +18,7 @@ from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurr
 
 from lineax_lm.layers.base import LinearMixer
 from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, check_expand,
-                                     dense, dt_bias_init, param, run_op)
+                                     dense, dt_bias_init, param, recomputed, run_op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GatedDeltaNet(LinearMixer):
     """x: [B, L, D] -> ([B, L, D], new cache or None)."""
     cfg = self.cfg
     q, k, v, conv = self.qkv(x, cache, ctx, fallback=jax.nn.silu)
-    q, k = l2norm(q), l2norm(k)
+    q, k = recomputed(l2norm)(q), recomputed(l2norm)(k)
     beta = jax.nn.sigmoid(self.b_proj(x).astype(F32)) * (2.0 if cfg.allow_neg_eigval else 1.0)
     g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(
         self.a_proj(x).astype(F32) + self.dt_bias[...].astype(F32))

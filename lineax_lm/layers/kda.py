@@ -16,7 +16,7 @@ from pallas_kernels.kda import chunk_kda, fused_recurrent_kda
 
 from lineax_lm.layers.base import LinearMixer
 from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, check_expand,
-                                     dense, param, run_op, split_heads)
+                                     dense, param, recomputed, run_op, split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class KDA(LinearMixer):
     """x: [B, L, D] -> ([B, L, D], new cache or None)."""
     cfg = self.cfg
     q, k, v, conv = self.qkv(x, cache, ctx, fallback=jax.nn.silu)
-    q, k = l2norm(q), l2norm(k)
+    q, k = recomputed(l2norm)(q), recomputed(l2norm)(k)
     g = jax.nn.softplus(self.f_proj(x).astype(F32) + self.dt_bias[...].astype(F32))
     g = -jnp.exp(self.A_log[...].astype(F32))[:, None] * split_heads(g, self.head_k_dim)
     beta = jax.nn.sigmoid(self.b_proj(x).astype(F32)) * (2.0 if cfg.allow_neg_eigval else 1.0)

@@ -204,7 +204,7 @@ def _block_forward(block, x, cache, ctx, lower_bound):
 
 
 class HybridLM(nnx.Module):
-  """inputs [B, L] int32 -> logits [B, L, vocab] float32."""
+  """inputs [B, L] int32 -> logits [B, L, vocab] float32 (`hidden`: the states before the head)."""
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, block=Block):
     self.config = config
@@ -224,12 +224,21 @@ class HybridLM(nnx.Module):
 
   def __call__(self, inputs, segment_ids=None, positions=None):
     """inputs: [B, L] int32; segment_ids: [B, L] (packed rows); positions: [B, L] RoPE positions."""
-    return self._forward(inputs, segment_ids, positions, None)[0]
+    return self._logits(self._forward(inputs, segment_ids, positions, None)[0])
+
+  def hidden(self, inputs, segment_ids=None, positions=None):
+    """What `__call__` feeds the head: (final normalised hidden states [B, L, D] in the activation
+    dtype, head [D, vocab] in the activation dtype), for losses that apply the head themselves
+    chunk by chunk (lineax_lm.train.losses) instead of materialising the float32 logits. A packed
+    row overflow makes the hidden states NaN, as it makes the logits NaN."""
+    x, _ = self._forward(inputs, segment_ids, positions, None)
+    return x, self._head().astype(x.dtype)
 
   def step(self, inputs, cache):
     """Prefill (L > 1) or decode (L == 1) `inputs` [B, L] after the cache's `pos` tokens.
     Returns (logits [B, L, vocab] float32, new cache)."""
-    return self._forward(inputs, None, None, cache)
+    x, cache = self._forward(inputs, None, None, cache)
+    return self._logits(x), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):
     """Zero cache for `batch` sequences of up to `max_len` tokens: {"pos": int32 scalar,
@@ -257,7 +266,15 @@ class HybridLM(nnx.Module):
     lb = jnp.cumsum(lb, axis=0) - lb[0]
     return [None] + [lb[i] for i in range(1, len(self.blocks))]  # layer 0's bound is 0: none
 
+  def _head(self):
+    return self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]
+
+  def _logits(self, x):
+    return jnp.einsum("bld,dv->blv", x, self._head().astype(x.dtype),
+                      preferred_element_type=jnp.float32)
+
   def _forward(self, inputs, segment_ids, positions, cache):
+    """-> (final normalised hidden states [B, L, D], new cache or None)."""
     config = self.config
     if inputs.ndim != 2:
       raise ValueError(f"`inputs` must be [B, L] token ids; got shape {inputs.shape}")
@@ -282,12 +299,10 @@ class HybridLM(nnx.Module):
                                    None if cache is None else cache["layers"][i], ctx, lb, remat=remat)
       layer_caches.append(layer_cache)
     x = self.norm(x)
-    head = self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]
-    logits = jnp.einsum("bld,dv->blv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
-    if overflow is not None:
-      logits = jnp.where(overflow, jnp.nan, logits)
+    if overflow is not None:  # NaN reaches the logits (and any loss on them) through the head
+      x = jnp.where(overflow, jnp.nan, x)
     new_cache = None if cache is None else {"pos": cache["pos"] + L, "layers": layer_caches}
-    return logits, new_cache
+    return x, new_cache
 
 
 class _ShapeOnlyKeys:

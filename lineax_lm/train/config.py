@@ -19,6 +19,11 @@ def base_config() -> ml_collections.ConfigDict:
       steps=1000, grad_accum=1,  # batch size: config.data.global_batch_size
       lr=1e-3, min_lr_ratio=0.1, warmup_steps=100, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
       clip_norm=1.0,
+      # Tokens per chunk of the fused head + cross-entropy (train.losses; per device: the rows are
+      # split over the batch axes); 0: plain float32 logits [B, L, vocab]. 4,096 tokens keep one
+      # chunk's float32 logits at 0.5 GiB at vocab 32,000 while each head matmul is still
+      # 4,096 x D x vocab (thousands of output tiles: full rate); B=8, T=4096 is then 8 chunks.
+      loss_chunk=4096,
       log_every=50, checkpoint_every=500, keep_checkpoints=3, async_checkpointing=True,
       restore_step=-1,  # -1: the latest checkpoint
       # jax.profiler trace of steps profile_start+1 .. profile_start+profile_steps (0: none) into

@@ -28,7 +28,7 @@ from flax import nnx
 from lineax_lm import sharding
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
-from lineax_lm.train import checkpoint, metrics as metrics_lib, optim
+from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32
@@ -151,8 +151,14 @@ class Trainer:
     model = nnx.merge(self.graphdef, params)
     if self.objective.loss is not None:
       return self.objective.loss(model, batch, extra)
-    logits = model(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
     mask = batch["loss_mask"].astype(F32)
+    inputs = (batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+    chunk = self.config.train.get("loss_chunk", 0)
+    if chunk > 0:  # the head fused into the loss, chunk by chunk: no [B, L, vocab] logits
+      x, head = model.hidden(*inputs)
+      loss_sum, correct = losses.chunked_cross_entropy(x, head, batch["targets"], mask, chunk)
+      return loss_sum, (correct, jnp.sum(mask))
+    logits = model(*inputs)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
     correct = (jnp.argmax(logits, -1) == batch["targets"]).astype(F32)
     return jnp.sum(ce * mask), (jnp.sum(correct * mask), jnp.sum(mask))
