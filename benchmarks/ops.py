@@ -91,6 +91,21 @@ def time_op(name, backend, inputs, config=None, memory=True):
   return row
 
 
+def trace_op(name, backend, inputs, trace_dir, calls=5):
+  """The device time per kernel of `calls` fwd+bwd calls, from a jax.profiler trace (a markdown
+  table: lineax_lm.train.metrics.profile_summary)."""
+  from lineax_lm.train.metrics import profile_summary
+  fn, names = op_fn(name, backend)
+  args = tuple(inputs[n] for n in names)
+  grad = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),
+                          argnums=tuple(range(len(args)))))
+  jax.block_until_ready(grad(*args))
+  jax.profiler.start_trace(trace_dir)
+  jax.block_until_ready([grad(*args) for _ in range(calls)])
+  jax.profiler.stop_trace()
+  return profile_summary(trace_dir, calls)
+
+
 def stage_profile(inputs, config=None):
   """Times each GDN kernel alone at the inputs' shape (the forward's and the backward's stages): its
   WY kernels (gated_delta_rule/gpu.py) and the common stages (pallas_kernels/common/gpu/)."""
@@ -142,6 +157,8 @@ def main(argv=None):
   p.add_argument("--fla", default=None)
   p.add_argument("--out", default=os.environ.get("OUT", "."))
   p.add_argument("--profile", action="store_true", help="GDN stage times at the first shape")
+  p.add_argument("--trace", action="store_true",
+                 help="per-kernel device times of every op's fwd+bwd at the first shape (jax.profiler)")
   p.add_argument("--variants", action="store_true")
   p.add_argument("--scaling", action="store_true")
   p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
@@ -157,7 +174,7 @@ def main(argv=None):
   fla = load_fla(a.fla)
   if a.report:
     return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla)
-  res = dict(rows=[], profile={}, variants=[], scaling=[])
+  res = dict(rows=[], profile={}, variants=[], scaling=[], traces={})
   os.makedirs(a.out, exist_ok=True)
 
   def save():  # after every figure: what was measured survives a timeout of the device call
@@ -181,6 +198,10 @@ def main(argv=None):
         res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", **r))
         save()
     if (B, T) == shapes[0]:
+      for name in filter(None, a.ops.split(",")) if a.trace else ():
+        res["traces"][name] = run(f"trace {name}", trace_op, name, a.backends.split(",")[0], inputs,
+                                  os.path.join(a.out, f"trace_{name}"))
+        save()
       if a.profile:
         res["profile"] = run("profile", stage_profile, inputs) or {}
         save()
@@ -213,6 +234,8 @@ def print_tables(res, fla):
     print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
           f"{r['compile_s']:.1f} | {r['peak_GiB']:.2f} | {fla_ms} | {ratio('fwd_ms')} | "
           f"{ratio('fwdbwd_ms')} | {f.get('peak_GiB', '-')} |")
+  for name, table in res.get("traces", {}).items():
+    print(f"\n{name} fwd+bwd, device time per kernel:\n{table}")
   if res["profile"]:
     print("\nGDN stages (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in res["profile"].items()
                                            if isinstance(v, float)))
