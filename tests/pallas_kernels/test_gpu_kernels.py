@@ -9,9 +9,10 @@ import pytest
 
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.test_delta_rule import CASE as DELTA
-from tests.pallas_kernels.test_gated_delta_rule import CASE as GDN
-from tests.pallas_kernels.test_simple_gla import BOTH as SGLA, G_ONLY as SGLA_G
+from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, SIMPLE_GLA as SGLA,
+                                        SIMPLE_GLA_G_ONLY as SGLA_G)
+
+pytestmark = pytest.mark.slow
 
 # (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen.
 INTERPRET_CASES = [
