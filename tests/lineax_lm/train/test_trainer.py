@@ -41,6 +41,7 @@ def params_of(workdir, config):
   return state, step, next(it)
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
   config = tiny_config(attn_ratio="pure")
   config.model.update(dict(hidden=64, heads=4))
