@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-fast install bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15 tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 -m "not slow and not gpu" tests
 
 bench: $(STAMP)
 	$(PY) -m pallas_kernels.bench

@@ -4,10 +4,22 @@ An `OpCase` says how to draw inputs for one family; `check_op` runs a backend of
 float32 reference on the same inputs (bf16 inputs upcast, so input rounding is not counted), and
 compares the output, the final state and the gradients of every input and of the initial state by
 relative RMS error with the tolerances of DESIGN.md.
+
+The suites at the end hold the tests every family runs on its xla path: `FamilySuite`, and for the
+additive families (linear attention, retention, simple GLA, GLA, RWKV-6) `AdditiveSuite` and
+`GatedSuite`. A suite's shape matrix is its `SHAPES`: the full `SHAPE_CASES` for the families whose
+chunked core is their own (GLA, simple GLA, the gated delta rule, HGRN, mLSTM), and
+`REDUCED_SHAPE_CASES` for those that only re-route to another family's core (linear attention and
+retention -> simple GLA -> GLA; RWKV-6 -> GLA; the delta rule and KDA -> the gated delta rule). The
+core's full matrix already covers the chunking, padding and dtype paths they share; the reduced one
+checks the re-routing itself (argument mapping, gates, scale, output dtype) at a few shapes, and
+those families keep every other test (varlen, decode continuation, gates, bad inputs, float64).
+Tests marked `slow` (property tests here) are left out of `make test-fast`, never out of `make test`.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import zlib
 from typing import Callable
 
@@ -26,6 +38,11 @@ TS = (1, 15, 63, 64, 65, 300)
 HKV = ((1, 16, 16), (3, 64, 100), (1, 100, 64), (3, 16, 64), (1, 64, 16), (3, 100, 100))
 DTYPES = ("float32", "bfloat16")
 SHAPE_CASES = [(T, *HKV[(i + j) % len(HKV)], dt) for i, T in enumerate(TS) for j, dt in enumerate(DTYPES)]
+# Four of SHAPE_CASES for the families that re-route to a core tested on all of them (see the
+# module docstring): one token, K != V both ways, K = 100 (padded) within and across a chunk
+# boundary, both dtypes.
+REDUCED_SHAPE_CASES = [(1, 1, 16, 16, "float32"), (15, 3, 64, 100, "float32"),
+                       (15, 1, 100, 64, "bfloat16"), (65, 3, 100, 100, "bfloat16")]
 
 
 def tolerance(dtype, what: str) -> float:
@@ -210,12 +227,39 @@ def check_agreement(case: OpCase, B, T, H, K, V, tol=1e-4):
   assert all(rel_rms(s, r) < tol for s, r in zip(leaves, leaves_ref))
 
 
+def recurrence_float64(q, k, v, g, u, h0, scale):
+  """The additive recurrence in float64 numpy, written from DESIGN.md. g broadcasts to [B, T, H, K]
+  (log decays); u None or [H, K] (RWKV-6: o_t reads S_{t-1} plus the bonus). Returns (o, S)."""
+  q, k, v, h0 = (np.asarray(x, np.float64) for x in (q, k, v, h0))
+  g = np.broadcast_to(np.asarray(g, np.float64), q.shape)
+  S, outs = h0, []
+  for t in range(q.shape[1]):
+    kv = k[:, t, :, :, None] * v[:, t, :, None, :]
+    S_next = S * np.exp(g[:, t])[..., None] + kv
+    read = S_next if u is None else S + np.asarray(u, np.float64)[..., None] * kv
+    outs.append(np.einsum("bhkv,bhk->bhv", read, scale * q[:, t]))
+    S = S_next
+  return np.stack(outs, 1), S
+
+
+# --- the suites ----------------------------------------------------------------------------------
+
 class FamilySuite:
   """The tests every op family runs on its xla path: subclass it in the family's test file as
-  `class TestXla(harness.FamilySuite): CASE = <the family's OpCase>`."""
+  `class TestXla(harness.FamilySuite): CASE = <the family's OpCase>`, with
+  `SHAPES = harness.REDUCED_SHAPE_CASES` when the family re-routes to another family's core."""
   CASE: OpCase
+  SHAPES: list = SHAPE_CASES
 
-  @pytest.mark.parametrize("T,H,K,V,dtype", SHAPE_CASES)
+  def pytest_generate_tests(self, metafunc):
+    """Parametrizes the shape-matrix test over the subclass's SHAPES (a decorator on this class
+    could not see them)."""
+    if metafunc.function.__name__ == "test_xla_matches_reference":
+      metafunc.parametrize(*self.shape_params())
+
+  def shape_params(self):
+    return "T,H,K,V,dtype", self.SHAPES
+
   def test_xla_matches_reference(self, T, H, K, V, dtype):
     check_op(self.CASE, T=T, H=H, K=K, V=V, dtype=dtype)
 
@@ -230,8 +274,94 @@ class FamilySuite:
     check_decode_continuation(self.CASE)
 
   # differing_executors: every family's subclass runs this one inherited test, several in one process.
+  @pytest.mark.slow
   @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
   @given(B=st.integers(1, 2), T=st.integers(1, 140), H=st.integers(1, 3), K=st.sampled_from([8, 16, 24]),
          V=st.integers(1, 20))
   def test_property_shapes_and_agreement(self, B, T, H, K, V):
     check_agreement(self.CASE, B, T, H, K, V)
+
+
+class AdditiveSuite(FamilySuite):
+  """FamilySuite for the additive families, with several cases: subclasses set CASES (OpCase
+  objects; the shape matrix and the varlen test cycle through them, the other tests use
+  CASE = CASES[0]) and `float64(inputs) -> (q, k, v, g, u)`, the recurrence_float64 arguments of
+  CASE's inputs."""
+  CASES: tuple = ()
+  CASE = property(lambda self: self.CASES[0])
+
+  @staticmethod
+  def float64(inputs):
+    raise NotImplementedError
+
+  def shape_params(self):
+    return "i,T,H,K,V,dtype", [(i, *c) for i, c in enumerate(self.SHAPES)]
+
+  def test_xla_matches_reference(self, i, T, H, K, V, dtype):
+    check_op(self.CASES[i % len(self.CASES)], T=T, H=H, K=K, V=V, dtype=dtype)
+
+  @pytest.mark.parametrize("i,dtype", list(enumerate(DTYPES)))
+  def test_varlen_against_reference(self, i, dtype):
+    check_op(self.CASES[i % len(self.CASES)], T=300, H=2, K=64, V=32, dtype=dtype, varlen=True)
+
+  def test_reference_matches_independent_float64_recurrence(self):
+    B, T, H, K, V = 2, 150, 2, 32, 24
+    rng = np.random.default_rng(2026)
+    case = self.CASE
+    inputs = case.make_inputs(rng, B, T, H, K, V)
+    h0 = case.make_state(rng, B, H, K, V)
+    o64, S64 = recurrence_float64(*self.float64(inputs), h0, K ** -0.5)
+    # The reference is the definition the other tests hold every backend to: check it independently.
+    o, S = jax.jit(lambda xs, h: case.chunk(*xs, initial_state=h, output_final_state=True,
+                                             backend="reference"))(tuple(inputs.values()), h0)
+    errs = (rel_rms(o, o64), rel_rms(S, S64))
+    assert max(errs) < 1e-5, errs
+
+  def test_bad_inputs_raise_clear_errors(self):
+    case = self.CASE
+    x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+    first, *others = x
+    with pytest.raises(ValueError, match=f"`{first}` must have rank 4"):
+      case.chunk(*dict(x, **{first: x[first][0]}).values())
+    for name in others:  # drop one head (or key channel) from one input: the error names it
+      bad = jnp.delete(x[name], 0, axis=min(x[name].ndim - 1, 2))
+      with pytest.raises(ValueError, match=f"`{name}` must have shape"):
+        case.chunk(*dict(x, **{name: bad}).values())
+    with pytest.raises(ValueError, match="`backend` must be one of"):
+      case.chunk(*x.values(), backend="cuda")
+    with pytest.raises(ValueError, match="must end at the packed length"):
+      case.chunk(*x.values(), cu_seqlens=jnp.array([0, 5, 15], jnp.int32))
+    with pytest.raises(ValueError, match="non-decreasing"):
+      case.chunk(*x.values(), cu_seqlens=jnp.array([0, 9, 5, 16], jnp.int32))
+    two = case.make_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
+    with pytest.raises(ValueError, match="B == 1"):
+      case.chunk(*two.values(), cu_seqlens=jnp.array([0, 16], jnp.int32))
+    with pytest.raises(ValueError, match="`initial_state` must have shape"):
+      case.chunk(*x.values(), initial_state=jnp.zeros((2, 2, 8, 8)))
+
+
+class GatedSuite(AdditiveSuite):
+  """AdditiveSuite plus the tests of families with log-decay gate inputs (CASE.gates; its
+  `make_inputs` takes a `gate_scale` keyword)."""
+
+  @pytest.mark.parametrize("gate_scale", [0.01, 10.0])
+  def test_extreme_gates(self, gate_scale):
+    case = self.CASE
+    case = dataclasses.replace(case, make_inputs=functools.partial(case.make_inputs,
+                                                                   gate_scale=gate_scale))
+    check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
+
+  def test_positive_gates_raise(self):
+    case = self.CASE
+    x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+    for name in case.gates:
+      with pytest.raises(ValueError, match=f"`{name}` holds natural-log decays"):
+        case.chunk(*dict(x, **{name: jnp.abs(x[name]) + 0.5}).values())
+
+  def test_positive_gates_are_clamped_under_jit(self):
+    case = self.CASE
+    x = case.make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+    run = jax.jit(lambda xs: case.chunk(*xs)[0])
+    o = run(tuple((jnp.abs(a) if n in case.gates else a) for n, a in x.items()))
+    o0 = run(tuple((jnp.zeros_like(a) if n in case.gates else a) for n, a in x.items()))
+    np.testing.assert_allclose(o, o0, rtol=1e-6, atol=1e-6)

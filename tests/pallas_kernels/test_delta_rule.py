@@ -1,3 +1,5 @@
+"""The delta rule: the family suite on the reduced shape matrix (its chunked path is the gated delta
+rule's with the decay off), write strengths, bad inputs."""
 import dataclasses
 import jax.numpy as jnp
 import numpy as np
@@ -5,39 +7,24 @@ import pytest
 
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.harness import normal, sigmoid, unit
-
-
-def make_inputs(rng, B, T, H, K, V, beta_scale=1.0):
-  return dict(
-      q=normal(rng, B, T, H, K),
-      k=unit(normal(rng, B, T, H, K)),
-      v=normal(rng, B, T, H, V),
-      beta=sigmoid(normal(rng, B, T, H, scale=beta_scale)),
-  )
-
-
-def make_state(rng, N, H, K, V):
-  return normal(rng, N, H, K, V, scale=0.5)
-
-
-CASE = harness.OpCase("delta_rule", chunk_delta_rule, fused_recurrent_delta_rule, make_inputs, make_state,
-                      gates=("beta",))
+from tests.pallas_kernels.cases import DELTA_RULE, delta_rule_inputs
 
 
 class TestXla(harness.FamilySuite):
-  CASE = CASE
+  CASE = DELTA_RULE
+  SHAPES = harness.REDUCED_SHAPE_CASES
 
 
 @pytest.mark.parametrize("beta_scale", [0.01, 10.0])
 def test_extreme_write_strengths(beta_scale):
   """beta logits scaled from 0.01 (beta ~ 0.5) to 10 (beta saturating at 0 and 1: near-exact overwrites)."""
-  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(*a, beta_scale=beta_scale))
+  case = dataclasses.replace(DELTA_RULE,
+                             make_inputs=lambda *a: delta_rule_inputs(*a, beta_scale=beta_scale))
   harness.check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
 
 
 def test_bad_inputs_raise_clear_errors():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  x = delta_rule_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
   with pytest.raises(ValueError, match="`k` must have shape"):
     chunk_delta_rule(x["q"], x["k"][..., :4], x["v"], x["beta"])
   with pytest.raises(ValueError, match="`v` must have rank 4"):
@@ -50,7 +37,7 @@ def test_bad_inputs_raise_clear_errors():
     chunk_delta_rule(*x.values(), backend="cuda")
   with pytest.raises(ValueError, match="must end at the packed length"):
     fused_recurrent_delta_rule(*x.values(), cu_seqlens=jnp.array([0, 5, 15], jnp.int32))
-  two = make_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
+  two = delta_rule_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
   with pytest.raises(ValueError, match="B == 1"):
     chunk_delta_rule(*two.values(), cu_seqlens=jnp.array([0, 16], jnp.int32))
   with pytest.raises(ValueError, match="`initial_state` must have shape"):

@@ -1,62 +1,48 @@
+"""The gated delta rule, the core the delta rule and KDA re-route to: the full shape matrix, varlen,
+decode, extreme gates, an independent float64 forward and backward, bad inputs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.harness import log_sigmoid, normal, sigmoid, unit
-
-
-def make_inputs(rng, B, T, H, K, V, gate_scale=1.0):
-  return dict(
-      q=normal(rng, B, T, H, K),
-      k=unit(normal(rng, B, T, H, K)),
-      v=normal(rng, B, T, H, V),
-      g=log_sigmoid(normal(rng, B, T, H, scale=gate_scale, shift=2.0)),
-      beta=sigmoid(normal(rng, B, T, H)),
-  )
-
-
-def make_state(rng, N, H, K, V):
-  return normal(rng, N, H, K, V, scale=0.5)
-
-
-CASE = harness.OpCase("gated_delta_rule", chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
-                      make_inputs, make_state, gates=("g", "beta"))
+from tests.pallas_kernels.cases import GDN, gdn_inputs, matrix_state
+from tests.pallas_kernels.harness import normal
 
 
 @pytest.mark.parametrize("T,H,K,V,dtype", harness.SHAPE_CASES)
 def test_xla_matches_reference(T, H, K, V, dtype):
-  harness.check_op(CASE, T=T, H=H, K=K, V=V, dtype=dtype)
+  harness.check_op(GDN, T=T, H=H, K=K, V=V, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", harness.DTYPES)
 def test_varlen_against_reference(dtype):
-  harness.check_op(CASE, T=300, H=2, K=64, V=32, dtype=dtype, varlen=True)
+  harness.check_op(GDN, T=300, H=2, K=64, V=32, dtype=dtype, varlen=True)
 
 
 def test_varlen_equals_per_sequence_loop():
-  harness.check_varlen_matches_loop(CASE)
+  harness.check_varlen_matches_loop(GDN)
 
 
 def test_chunk_then_fused_recurrent_decode():
-  harness.check_decode_continuation(CASE)
+  harness.check_decode_continuation(GDN)
 
 
 @pytest.mark.parametrize("gate_scale", [0.01, 10.0])
 def test_extreme_gates(gate_scale):
-  case = harness.OpCase(CASE.name, CASE.chunk, CASE.fused_recurrent,
-                        lambda *a: make_inputs(*a, gate_scale=gate_scale), make_state, gates=CASE.gates)
+  case = harness.OpCase(GDN.name, GDN.chunk, GDN.fused_recurrent,
+                        lambda *a: gdn_inputs(*a, gate_scale=gate_scale), matrix_state, gates=GDN.gates)
   harness.check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None)
 @given(B=st.integers(1, 2), T=st.integers(1, 140), H=st.integers(1, 3), K=st.sampled_from([8, 16, 24]),
        V=st.integers(1, 20))
 def test_property_shapes_and_agreement(B, T, H, K, V):
-  inputs = make_inputs(np.random.default_rng(T * 7 + K), B, T, H, K, V)
+  inputs = gdn_inputs(np.random.default_rng(T * 7 + K), B, T, H, K, V)
   run = jax.jit(lambda xs, backend: chunk_gated_delta_rule(*xs, output_final_state=True, backend=backend),
                 static_argnums=1)
   (o, S), (o_ref, S_ref) = run(tuple(inputs.values()), "xla"), run(tuple(inputs.values()), "reference")
@@ -105,11 +91,11 @@ def gdn_float64(q, k, v, g, beta, h0, do, dS, scale):
 def test_xla_matches_independent_float64_recurrence():
   B, T, H, K, V = 2, 150, 2, 32, 24
   rng = np.random.default_rng(2026)
-  inputs = make_inputs(rng, B, T, H, K, V)
-  h0 = make_state(rng, B, H, K, V)
+  inputs = gdn_inputs(rng, B, T, H, K, V)
+  h0 = matrix_state(rng, B, H, K, V)
   do, dS = normal(rng, B, T, H, V), normal(rng, B, H, K, V)
   o64, S64, g64, dh64 = gdn_float64(*inputs.values(), h0, do, dS, K ** -0.5)
-  o, S, (g_in, dh0) = harness.run_op(CASE, chunk_gated_delta_rule, inputs, h0, (do, dS), None, backend="xla")
+  o, S, (g_in, dh0) = harness.run_op(GDN, chunk_gated_delta_rule, inputs, h0, (do, dS), None, backend="xla")
   errs = {"o": harness.rel_rms(o, o64), "S": harness.rel_rms(S, S64), "dh0": harness.rel_rms(dh0, dh64)}
   errs.update({f"d{n}": harness.rel_rms(g_in[n], g64[n]) for n in g64})
   assert all(e < 1e-4 for e in errs.values()), errs
@@ -118,7 +104,7 @@ def test_xla_matches_independent_float64_recurrence():
 # --- bad input -----------------------------------------------------------------------------------
 
 def test_bad_inputs_raise_clear_errors():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  x = gdn_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
   with pytest.raises(ValueError, match="`k` must have shape"):
     chunk_gated_delta_rule(x["q"], x["k"][..., :4], x["v"], x["g"], x["beta"])
   with pytest.raises(ValueError, match="`g` must have shape"):
@@ -131,7 +117,7 @@ def test_bad_inputs_raise_clear_errors():
     chunk_gated_delta_rule(*x.values(), cu_seqlens=jnp.array([0, 5, 15], jnp.int32))
   with pytest.raises(ValueError, match="non-decreasing"):
     chunk_gated_delta_rule(*x.values(), cu_seqlens=jnp.array([0, 9, 5, 16], jnp.int32))
-  two = make_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
+  two = gdn_inputs(np.random.default_rng(0), 2, 16, 2, 8, 8)
   with pytest.raises(ValueError, match="B == 1"):
     chunk_gated_delta_rule(*two.values(), cu_seqlens=jnp.array([0, 16], jnp.int32))
   with pytest.raises(ValueError, match="`initial_state` must have shape"):
@@ -139,7 +125,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_positive_gates_are_clamped_under_jit():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  x = gdn_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
   pos = dict(x, g=jnp.abs(x["g"]))
   o = jax.jit(lambda *a: chunk_gated_delta_rule(*a)[0])(*pos.values())
   o0 = chunk_gated_delta_rule(*dict(x, g=jnp.zeros_like(x["g"])).values())[0]

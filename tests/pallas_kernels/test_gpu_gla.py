@@ -11,10 +11,9 @@ import pytest
 
 from pallas_kernels.gla import gpu as gla_gpu
 from tests.pallas_kernels import harness
-from tests.pallas_kernels import test_gla, test_rwkv6
+from tests.pallas_kernels.cases import GLA, RWKV6
 
-# (module imports: pytest would collect TestGLA here too)
-GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
+pytestmark = pytest.mark.slow
 
 
 def gates_scaled(case, gate_scale):

@@ -13,8 +13,9 @@ import pytest
 
 from pallas_kernels.hgrn import gpu as hgrn_gpu
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.test_hgrn import CASE
-from tests.pallas_kernels.test_tpu_kernels import steep
+from tests.pallas_kernels.cases import HGRN as CASE, steep
+
+pytestmark = pytest.mark.slow
 
 # (case, kind, T, H, V, dtype, varlen): odd T, D = H * V not a power of two (padded to the width
 # tile), both dtypes, packed varlen (one empty sequence), steep gates (log decays to about -30 a

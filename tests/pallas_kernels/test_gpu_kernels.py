@@ -14,13 +14,11 @@ from pallas_kernels.common.gpu import layout as gpu_layout
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.test_delta_rule import CASE as DELTA
-from tests.pallas_kernels.test_gated_delta_rule import CASE as GDN
-from tests.pallas_kernels.test_linear_attn import CASE as LINEAR, NORMALIZED as LINEAR_NORM
-from tests.pallas_kernels.test_retention import TestRetention
-from tests.pallas_kernels.test_simple_gla import BOTH as SGLA, G_ONLY as SGLA_G
+from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, LINEAR_ATTN as LINEAR,
+                                        LINEAR_ATTN_NORMALIZED as LINEAR_NORM, RETENTION,
+                                        SIMPLE_GLA as SGLA, SIMPLE_GLA_G_ONLY as SGLA_G)
 
-RETENTION = TestRetention.CASES[0]
+pytestmark = pytest.mark.slow
 
 # (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen.
 INTERPRET_CASES = [

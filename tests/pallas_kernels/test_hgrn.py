@@ -1,3 +1,5 @@
+"""HGRN (elementwise on [B, T, D]): the family suite on the full shape matrix, extreme and bf16
+gates, memory linear in the width, the definition by hand, bad inputs."""
 import dataclasses
 import math
 
@@ -8,44 +10,26 @@ import pytest
 
 from pallas_kernels.hgrn import chunk_hgrn, fused_recurrent_hgrn
 from tests.pallas_kernels import harness
+from tests.pallas_kernels.cases import HGRN, hgrn_inputs, hgrn_state
 from tests.pallas_kernels.harness import log_sigmoid, normal
-
-# The harness draws (B, T, H, K, V) shapes; HGRN is elementwise on [B, T, D] with D = H * V.
-
-
-def make_inputs(rng, B, T, H, K, V, gate_scale=1.0, gate_shift=2.0):
-  return dict(x=normal(rng, B, T, H * V),
-              g=log_sigmoid(normal(rng, B, T, H * V, scale=gate_scale, shift=gate_shift)))
-
-
-def make_state(rng, N, H, K, V):
-  return normal(rng, N, H * V)
-
-
-def out_shape(B, T, H, K, V):
-  return (B, T, H * V)
-
-
-CASE = harness.OpCase("hgrn", chunk_hgrn, fused_recurrent_hgrn, make_inputs, make_state, gates=("g",),
-                      out_shape=out_shape)
 
 
 class TestXla(harness.FamilySuite):
-  CASE = CASE
+  CASE = HGRN
 
 
 @pytest.mark.parametrize("gate_scale,gate_shift", [(0.01, 2.0), (10.0, 0.0), (10.0, -20.0)])
 def test_extreme_gates(gate_scale, gate_shift):
   """Log gates from ~-0.13 everywhere to ~-20 per step (chunk cumsums near -1300: exp(-G) would
   overflow float32 if the chunked form divided by the decay)."""
-  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(*a, gate_scale=gate_scale,
-                                                                      gate_shift=gate_shift))
+  case = dataclasses.replace(HGRN, make_inputs=lambda *a: hgrn_inputs(*a, gate_scale=gate_scale,
+                                                                     gate_shift=gate_shift))
   harness.check_op(case, T=130, H=2, K=1, V=16, dtype="float32")
 
 
 def test_bf16_gates():
   """Gates in bfloat16 too (the reference sees the same rounded values, upcast)."""
-  case = dataclasses.replace(CASE, float_inputs=("x", "g"))
+  case = dataclasses.replace(HGRN, float_inputs=("x", "g"))
   harness.check_op(case, T=100, H=2, K=1, V=24, dtype="bfloat16")
 
 
@@ -75,8 +59,8 @@ def test_xla_memory_stays_linear_in_width():
 
 def test_definition_by_hand():
   rng = np.random.default_rng(4)
-  x, g = make_inputs(rng, 1, 3, 1, 1, 5).values()
-  h0 = make_state(rng, 1, 1, 1, 5)
+  x, g = hgrn_inputs(rng, 1, 3, 1, 1, 5).values()
+  h0 = hgrn_state(rng, 1, 1, 1, 5)
   h, outs = np.asarray(h0, np.float64), []
   for t in range(3):
     h = np.exp(np.asarray(g[:, t], np.float64)) * h + np.asarray(x[:, t], np.float64)
@@ -87,7 +71,7 @@ def test_definition_by_hand():
 
 
 def test_bad_inputs_raise_clear_errors():
-  x, g = make_inputs(np.random.default_rng(0), 1, 16, 2, 1, 4).values()
+  x, g = hgrn_inputs(np.random.default_rng(0), 1, 16, 2, 1, 4).values()
   with pytest.raises(ValueError, match="`x` must have rank 3"):
     chunk_hgrn(x[..., None], g)
   with pytest.raises(ValueError, match="`g` must have shape"):
@@ -105,6 +89,6 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_positive_gates_are_clamped_under_jit():
-  x, g = make_inputs(np.random.default_rng(0), 1, 16, 2, 1, 4).values()
+  x, g = hgrn_inputs(np.random.default_rng(0), 1, 16, 2, 1, 4).values()
   run = jax.jit(lambda x, g: chunk_hgrn(x, g)[0])
   np.testing.assert_allclose(run(x, jnp.abs(g)), run(x, jnp.zeros_like(g)), rtol=1e-6, atol=1e-6)

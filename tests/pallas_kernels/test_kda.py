@@ -1,3 +1,5 @@
+"""KDA: the family suite on the reduced shape matrix (its chunked path is the gated delta rule's,
+with per-channel gates), extreme gates, one step by hand, bad inputs."""
 import dataclasses
 import jax
 import jax.numpy as jnp
@@ -6,28 +8,12 @@ import pytest
 
 from pallas_kernels.kda import chunk_kda, fused_recurrent_kda
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.harness import log_sigmoid, normal, sigmoid, unit
-
-
-def make_inputs(rng, B, T, H, K, V, gate_scale=1.0, gate_shift=2.0):
-  return dict(
-      q=normal(rng, B, T, H, K),
-      k=unit(normal(rng, B, T, H, K)),
-      v=normal(rng, B, T, H, V),
-      g=log_sigmoid(normal(rng, B, T, H, K, scale=gate_scale, shift=gate_shift)),  # per channel
-      beta=sigmoid(normal(rng, B, T, H)),
-  )
-
-
-def make_state(rng, N, H, K, V):
-  return normal(rng, N, H, K, V, scale=0.5)
-
-
-CASE = harness.OpCase("kda", chunk_kda, fused_recurrent_kda, make_inputs, make_state, gates=("g", "beta"))
+from tests.pallas_kernels.cases import KDA, kda_inputs, matrix_state
 
 
 class TestXla(harness.FamilySuite):
-  CASE = CASE
+  CASE = KDA
+  SHAPES = harness.REDUCED_SHAPE_CASES
 
 
 @pytest.mark.parametrize("gate_scale,gate_shift", [(0.01, 2.0), (10.0, 0.0)])
@@ -35,16 +21,16 @@ def test_extreme_per_channel_gates(gate_scale, gate_shift):
   """Per-channel log decays from ~-0.13 everywhere to log_sigmoid(10 z): channels near 0 next to
   channels at -10 to -30 per step, so chunk cumsums reach the hundreds (exp(-G) would overflow float32
   if the decays were not taken relative within sub-chunks)."""
-  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(*a, gate_scale=gate_scale,
-                                                                      gate_shift=gate_shift))
+  case = dataclasses.replace(KDA, make_inputs=lambda *a: kda_inputs(*a, gate_scale=gate_scale,
+                                                                    gate_shift=gate_shift))
   harness.check_op(case, T=130, H=2, K=32, V=32, dtype="float32")
 
 
 def test_per_channel_decay_definition():
   """One step by hand: S = diag(exp(g)) S0, then the delta-rule write."""
   rng = np.random.default_rng(3)
-  x = make_inputs(rng, 1, 1, 1, 4, 3)
-  S0 = make_state(rng, 1, 1, 4, 3)
+  x = kda_inputs(rng, 1, 1, 1, 4, 3)
+  S0 = matrix_state(rng, 1, 1, 4, 3)
   q, k, v, g, b = (np.asarray(a, np.float64)[0, 0, 0] for a in x.values())
   S = np.exp(g)[:, None] * np.asarray(S0, np.float64)[0, 0]
   S = S + np.outer(k, b * (v - S.T @ k))
@@ -55,7 +41,7 @@ def test_per_channel_decay_definition():
 
 
 def test_bad_inputs_raise_clear_errors():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  x = kda_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
   with pytest.raises(ValueError, match="`g` must have rank 4"):
     chunk_kda(x["q"], x["k"], x["v"], x["g"][..., 0], x["beta"])
   with pytest.raises(ValueError, match="`g` must have shape"):
@@ -73,7 +59,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_positive_gates_are_clamped_under_jit():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
+  x = kda_inputs(np.random.default_rng(0), 1, 16, 2, 8, 8)
   run = jax.jit(lambda *a: chunk_kda(*a)[0])
   o, o0 = run(*dict(x, g=jnp.abs(x["g"])).values()), run(*dict(x, g=jnp.zeros_like(x["g"])).values())
   np.testing.assert_allclose(o, o0, rtol=1e-6, atol=1e-6)

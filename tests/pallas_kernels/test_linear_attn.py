@@ -1,20 +1,17 @@
-"""Linear attention: the shared additive suite, and fla's normalize=True against float64."""
-import functools
-
+"""Linear attention: the shared additive suite on the reduced shape matrix (its chunked path is
+simple GLA's), and fla's normalize=True against float64."""
 import jax
 import numpy as np
 import pytest
 
 from pallas_kernels.linear_attn import chunk_linear_attn, fused_recurrent_linear_attn
-from tests.pallas_kernels import harness
-from tests.pallas_kernels.harness import normal, sigmoid
-from tests.pallas_kernels.test_gla import AdditiveSuite, make_state, qkv
-
-CASE = harness.OpCase("linear_attn", chunk_linear_attn, fused_recurrent_linear_attn, qkv, make_state)
+from tests.pallas_kernels import cases, harness
+from tests.pallas_kernels.cases import LINEAR_ATTN_NORMALIZED, matrix_state, positive_features
 
 
-class TestLinearAttn(AdditiveSuite):
-  CASES = (CASE,)
+class TestLinearAttn(harness.AdditiveSuite):
+  CASES = (cases.LINEAR_ATTN,)
+  SHAPES = harness.REDUCED_SHAPE_CASES
 
   @staticmethod
   def float64(x):
@@ -23,24 +20,14 @@ class TestLinearAttn(AdditiveSuite):
 
 # --- normalize=True: positive feature maps, as the normalizer assumes ------------------------------
 
-def positive_features(rng, B, T, H, K, V):
-  return dict(q=sigmoid(normal(rng, B, T, H, K)), k=sigmoid(normal(rng, B, T, H, K)),
-              v=normal(rng, B, T, H, V))
-
-
-NORMALIZED = harness.OpCase("linear_attn[normalize]",
-                            functools.partial(chunk_linear_attn, normalize=True),
-                            functools.partial(fused_recurrent_linear_attn, normalize=True),
-                            positive_features, make_state)
-
 
 @pytest.mark.parametrize("T,H,K,V,dtype", [(130, 2, 32, 48, "float32"), (65, 3, 16, 16, "bfloat16")])
 def test_normalize_xla_matches_reference(T, H, K, V, dtype):
-  harness.check_op(NORMALIZED, T=T, H=H, K=K, V=V, dtype=dtype)
+  harness.check_op(LINEAR_ATTN_NORMALIZED, T=T, H=H, K=K, V=V, dtype=dtype)
 
 
 def test_normalize_restarts_at_sequence_boundaries():
-  harness.check_varlen_matches_loop(NORMALIZED)
+  harness.check_varlen_matches_loop(LINEAR_ATTN_NORMALIZED)
 
 
 def test_normalize_matches_float64():
@@ -48,7 +35,7 @@ def test_normalize_matches_float64():
   B, T, H, K, V = 2, 90, 2, 16, 24
   rng = np.random.default_rng(7)
   x = positive_features(rng, B, T, H, K, V)
-  h0 = make_state(rng, B, H, K, V)
+  h0 = matrix_state(rng, B, H, K, V)
   q, k, v, S0 = (np.asarray(a, np.float64) for a in (*x.values(), h0))
   scale = K ** -0.5
   mask = np.tril(np.ones((T, T)))

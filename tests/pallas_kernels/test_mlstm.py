@@ -1,3 +1,5 @@
+"""mLSTM: the family suite on the full shape matrix, gate magnitudes, two steps by hand, bad
+inputs."""
 import dataclasses
 
 import jax
@@ -7,27 +9,11 @@ import pytest
 
 from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
 from tests.pallas_kernels import harness
-from tests.pallas_kernels.harness import normal
-
-
-def make_inputs(rng, B, T, H, K, V, gate_scale=1.0, i_shift=0.0, f_shift=3.0):
-  return dict(q=normal(rng, B, T, H, K), k=normal(rng, B, T, H, K), v=normal(rng, B, T, H, V),
-              i=normal(rng, B, T, H, scale=gate_scale, shift=i_shift),   # exponential input gate
-              f=normal(rng, B, T, H, scale=gate_scale, shift=f_shift))   # sigmoid forget gate (~0.95)
-
-
-def make_state(rng, N, H, K, V):
-  return (normal(rng, N, H, K, V, scale=0.5), normal(rng, N, H, K, scale=0.5), normal(rng, N, H))
-
-
-# The final state's m gets a cotangent too: m is piecewise linear in (i, logf, m0) (a running max), so
-# its gradient is defined almost everywhere and both paths take the same branch away from ties; the
-# chunked path computes exactly the recurrence's m_t (see xla.py), so its gradients agree.
-CASE = harness.OpCase("mlstm", chunk_mlstm, fused_recurrent_mlstm, make_inputs, make_state, gates=("i", "f"))
+from tests.pallas_kernels.cases import MLSTM, mlstm_inputs, mlstm_state
 
 
 class TestXla(harness.FamilySuite):
-  CASE = CASE
+  CASE = MLSTM
 
 
 @pytest.mark.parametrize("gate_scale,i_shift,f_shift", [(0.01, 0.0, 3.0), (3.0, -10.0, 3.0), (10.0, 0.0, 0.0)])
@@ -37,7 +23,7 @@ def test_gate_magnitudes(gate_scale, i_shift, f_shift):
   step, chunk cumsums of log f in the hundreds). At scale 10 the stabilizer exp(-m) is negligible, so
   o = C q / |n . q| is ill-conditioned where n . q nears 0: the chunked path sums log f over (s, t]
   directly instead of differencing cumsums, which keeps it within ~1e-5 of the reference there."""
-  case = dataclasses.replace(CASE, make_inputs=lambda *a: make_inputs(
+  case = dataclasses.replace(MLSTM, make_inputs=lambda *a: mlstm_inputs(
       *a, gate_scale=gate_scale, i_shift=i_shift, f_shift=f_shift))
   harness.check_op(case, T=130, H=2, K=32, V=16, dtype="float32")
 
@@ -45,7 +31,7 @@ def test_gate_magnitudes(gate_scale, i_shift, f_shift):
 def test_definition_by_hand():
   """Two steps of mlstm_kernels' recurrent step in float64, from the default (zero) initial state."""
   rng = np.random.default_rng(5)
-  x = make_inputs(rng, 1, 2, 1, 4, 3)
+  x = mlstm_inputs(rng, 1, 2, 1, 4, 3)
   q, k, v, i, f = (np.asarray(a, np.float64)[0, :, 0] for a in x.values())
   C, n, m, outs = np.zeros((4, 3)), np.zeros(4), 0.0, []
   for t in range(2):
@@ -66,9 +52,9 @@ def test_definition_by_hand():
 
 
 def test_bad_inputs_raise_clear_errors():
-  x = make_inputs(np.random.default_rng(0), 1, 16, 2, 8, 4)
+  x = mlstm_inputs(np.random.default_rng(0), 1, 16, 2, 8, 4)
   q, k, v, i, f = x.values()
-  state = make_state(np.random.default_rng(1), 1, 2, 8, 4)
+  state = mlstm_state(np.random.default_rng(1), 1, 2, 8, 4)
   with pytest.raises(ValueError, match="`k` must have shape"):
     chunk_mlstm(q, k[..., :4], v, i, f)
   with pytest.raises(ValueError, match="`i` must have rank 3"):

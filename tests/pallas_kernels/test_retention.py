@@ -1,13 +1,13 @@
-"""Retention: the shared additive suite (simple GLA with the fixed decay log(1 - 2**(-5-h)))."""
+"""Retention: the shared additive suite (simple GLA with the fixed decay log(1 - 2**(-5-h))) on the
+reduced shape matrix: its chunked path is simple GLA's."""
 import numpy as np
 
-from pallas_kernels.retention import chunk_retention, fused_recurrent_retention
-from tests.pallas_kernels import harness
-from tests.pallas_kernels.test_gla import AdditiveSuite, make_state, qkv
+from tests.pallas_kernels import cases, harness
 
 
-class TestRetention(AdditiveSuite):
-  CASES = (harness.OpCase("retention", chunk_retention, fused_recurrent_retention, qkv, make_state),)
+class TestRetention(harness.AdditiveSuite):
+  CASES = (cases.RETENTION,)
+  SHAPES = harness.REDUCED_SHAPE_CASES
 
   @staticmethod
   def float64(x):

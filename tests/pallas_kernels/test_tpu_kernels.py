@@ -7,29 +7,17 @@ interpret mode compiles a large program per shape.
 `test_lowers_for_tpu` exports forward and backward for the TPU platform (jax.export), which runs the
 Pallas -> Mosaic lowering on this host: unsupported primitives and illegal block shapes fail there.
 """
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.pallas_kernels import harness
-from tests.pallas_kernels import (test_delta_rule, test_gated_delta_rule, test_gla, test_hgrn,
-                                  test_kda, test_linear_attn, test_mlstm, test_retention, test_rwkv6, test_simple_gla)
+from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, GLA, HGRN, KDA, LINEAR_ATTN as LINEAR,
+                                        LINEAR_ATTN_NORMALIZED as LINEAR_NORM, MLSTM, RETENTION, RWKV6,
+                                        SIMPLE_GLA, steep)
 
-
-def steep(case, **kw):
-  """`case` with gate logits scaled by 10 (log decays down to about -30 per step)."""
-  return dataclasses.replace(case, name=case.name + "[steep]",
-                             make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0, **kw))
-
-
-GDN, DELTA, KDA = test_gated_delta_rule.CASE, test_delta_rule.CASE, test_kda.CASE
-GLA, RWKV6 = test_gla.TestGLA.CASES[0], test_rwkv6.TestRWKV6.CASES[0]
-SIMPLE_GLA, RETENTION = test_simple_gla.BOTH, test_retention.TestRetention.CASES[0]
-LINEAR, LINEAR_NORM = test_linear_attn.CASE, test_linear_attn.NORMALIZED
-HGRN, MLSTM = test_hgrn.CASE, test_mlstm.CASE
+pytestmark = pytest.mark.slow
 
 # (case, T, H, K, V, dtype, varlen)
 CASES = [

@@ -73,6 +73,7 @@ def test_chat_loss_mask_covers_assistant_tokens_only(tmp_path):
   np.testing.assert_array_equal(next(it2)["inputs"], nxt["inputs"])
 
 
+@pytest.mark.slow
 def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
   workdir = str(tmp_path / "run")
   chat_path = tmp_path / "chat.jsonl"
@@ -110,6 +111,7 @@ def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
   assert {s: len(_losses(pipeline.stage_dir(workdir, s))) for s in pipeline.STAGES} == sizes
 
 
+@pytest.mark.slow
 def test_compare_entry_prints_both_students(tmp_path, capsys):
   workdir = str(tmp_path / "cmp")
   # Hybrid students (one linear layer each on the 2-layer tiny teacher) compile in half the time.

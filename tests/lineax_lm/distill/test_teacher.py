@@ -42,6 +42,7 @@ def test_smollm2_greedy_generation(smollm2):
   assert ckpt.tokenizer.decode(out[len(PROMPT):].tolist()) == " Paris."
 
 
+@pytest.mark.slow
 def test_smollm2_finds_the_needle(smollm2):
   """The distillation's needle metric on the teacher: SmolLM2 answers "are: 4033451", and the
   teacher-forced scoring gives it the separator (it scored 0.0 when the space was scored)."""

@@ -28,6 +28,7 @@ def tiny_sweep():
   return s
 
 
+@pytest.mark.slow
 def test_sweep_then_eval_cli(tmp_path, capsys):
   work = str(tmp_path / "sweep")
   cfg = tiny_sweep()

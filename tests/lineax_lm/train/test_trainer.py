@@ -41,6 +41,7 @@ def params_of(workdir, config):
   return state, step, next(it)
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
   config = tiny_config(attn_ratio="pure")
   config.model.update(dict(hidden=64, heads=4))
@@ -78,6 +79,7 @@ def _sigterm_when_step(workdir, step):
   threading.Thread(target=watch, daemon=True).start()
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
   config = tiny_config(steps=8)
   straight = str(tmp_path / "straight")
@@ -96,6 +98,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
     np.testing.assert_array_equal(next1[k], next2[k])
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_gives_clear_error_and_keeps_others(tmp_path):
   config = tiny_config(steps=6)
   workdir = str(tmp_path / "run")
@@ -114,6 +117,7 @@ def test_corrupt_checkpoint_gives_clear_error_and_keeps_others(tmp_path):
   assert train_and_evaluate(config, workdir)["step"] == 4
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_step_is_a_clear_error(tmp_path):
   config = tiny_config(steps=3)
   workdir = str(tmp_path / "run")
@@ -123,6 +127,7 @@ def test_missing_checkpoint_step_is_a_clear_error(tmp_path):
     train_and_evaluate(config, workdir)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
   config = tiny_config(steps=6)
   config.train.lr = 1e30  # the first update blows the parameters up
@@ -157,6 +162,7 @@ def test_config_typo_on_the_command_line_suggests_the_field():
     cli.parse_flags(["train", "--config", "configs/base.py", "--config.train.stpes=5", "--workdir", "/tmp/x"])
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_summary(tmp_path):
   config = tiny_config(steps=4)
   config.train.update(dict(profile_steps=2, profile_start=1))
