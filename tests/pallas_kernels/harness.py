@@ -365,3 +365,25 @@ class GatedSuite(AdditiveSuite):
     o = run(tuple((jnp.abs(a) if n in case.gates else a) for n, a in x.items()))
     o0 = run(tuple((jnp.zeros_like(a) if n in case.gates else a) for n, a in x.items()))
     np.testing.assert_allclose(o, o0, rtol=1e-6, atol=1e-6)
+
+
+class DeviceSuite:
+  """The correctness matrix of a family's Pallas kernels on their device (compiled, no interpret
+  mode): subclass it with CASE (and BACKEND) under `@pytest.mark.gpu` in the kernel's test file."""
+  CASE: OpCase
+  BACKEND = "gpu"
+
+  @pytest.mark.parametrize("T,H,K,V,dtype", SHAPE_CASES)
+  def test_chunk(self, T, H, K, V, dtype):
+    check_op(self.CASE, T=T, H=H, K=K, V=V, dtype=dtype, backend=self.BACKEND)
+
+  @pytest.mark.parametrize("dtype", DTYPES)
+  def test_varlen(self, dtype):
+    check_op(self.CASE, T=300, H=2, K=64, V=32, dtype=dtype, backend=self.BACKEND, varlen=True)
+
+  def test_varlen_equals_loop(self):
+    check_varlen_matches_loop(self.CASE, backend=self.BACKEND)
+
+  @pytest.mark.parametrize("K,V", [(128, 128), (64, 256)])
+  def test_bf16_long(self, K, V):
+    check_op(self.CASE, T=4096, H=2, K=K, V=V, dtype="bfloat16", backend=self.BACKEND, B=1)

@@ -89,28 +89,14 @@ def test_unsupported_inputs_fall_back_or_raise():
 
 
 @pytest.mark.gpu
-class TestOnGPU:
+class TestOnGPU(harness.DeviceSuite):
   """The correctness matrix on the device (compiled Triton kernels, no interpret mode)."""
-
-  @pytest.mark.parametrize("T,H,K,V,dtype", harness.SHAPE_CASES)
-  def test_chunk(self, T, H, K, V, dtype):
-    harness.check_op(GLA, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
-
-  @pytest.mark.parametrize("dtype", harness.DTYPES)
-  def test_varlen(self, dtype):
-    harness.check_op(GLA, T=300, H=2, K=64, V=32, dtype=dtype, backend="gpu", varlen=True)
-
-  def test_varlen_equals_loop(self):
-    harness.check_varlen_matches_loop(GLA, backend="gpu")
+  CASE = GLA
 
   @pytest.mark.parametrize("case", [STEEP, GENTLE], ids=lambda c: c.name)
   @pytest.mark.parametrize("dtype", harness.DTYPES)
   def test_extreme_gates(self, case, dtype):
     harness.check_op(case, T=300, H=2, K=64, V=64, dtype=dtype, backend="gpu")
-
-  @pytest.mark.parametrize("K,V", [(128, 128), (64, 256)])
-  def test_bf16_long(self, K, V):
-    harness.check_op(GLA, T=4096, H=2, K=K, V=V, dtype="bfloat16", backend="gpu", B=1)
 
   def test_anchor_shape_bf16(self):
     harness.check_op(GLA, T=4096, H=4, K=128, V=128, dtype="bfloat16", backend="gpu", B=2)
