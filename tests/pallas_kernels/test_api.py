@@ -1,5 +1,6 @@
 """The front door every op shares: the top-level exports, the support table and the README's copy
 of it, and the initial state that backends receive."""
+import importlib
 import pathlib
 
 import jax.numpy as jnp
@@ -78,3 +79,17 @@ def test_state_errors_name_the_argument():
     api.concrete_state((jnp.zeros((2, 3, 4, 5)), jnp.zeros((2, 3, 5)), jnp.zeros((2, 3))), mlstm, d)
   with pytest.raises(ValueError, match="`initial_state` must have shape"):
     api.concrete_state(jnp.zeros((1, 3, 4, 5)), api.MATRIX, d)
+
+
+@pytest.mark.parametrize("family", dispatch.FAMILIES)
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_auto_takes_the_platform_kernel_wherever_the_table_says_there_is_one(family, platform,
+                                                                            monkeypatch):
+  """What `backend="auto"` resolves to on a GPU or TPU host, without one: the family's Pallas module
+  when support_table() lists it, else the xla path."""
+  monkeypatch.setattr(dispatch, "platform", lambda: platform)
+  for kind in dispatch.KINDS:
+    fn = dispatch.resolve(family, kind)
+    expected = platform if dispatch.support_table()[family, kind, platform] else "xla"
+    module = importlib.import_module(f"pallas_kernels.{family}.{expected}")
+    assert getattr(fn, "func", fn) is getattr(module, f"{kind}_{family}")
