@@ -32,8 +32,33 @@ def device_memory_gib() -> float | None:
   return None if peak is None else peak / 2**30
 
 
+def drop_rows_after(path: str, step: int) -> int:
+  """Removes the rows of metrics.jsonl `path` past `step` (rewritten through a temporary file) and
+  returns how many went. A run resumed from step `step` logs those steps again: a run killed after
+  its last checkpoint, or rolled back to an earlier one, would otherwise list them twice."""
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = []
+  for line in lines:
+    try:
+      row_step = json.loads(line).get("step", 0)
+    except ValueError:  # a row torn by a kill in the middle of a write
+      continue
+    if row_step <= step:
+      kept.append(line if line.endswith("\n") else line + "\n")
+  if len(kept) < len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)
+  return len(lines) - len(kept)
+
+
 class MetricsWriter:
-  """Writes scalars to TensorBoard and metrics.jsonl (process 0 only) and shows progress."""
+  """Writes scalars to TensorBoard and metrics.jsonl (process 0 only) and shows progress. A run that
+  trains on from `start_step` drops what an earlier run logged past it, so each step keeps one set
+  of rows."""
 
   def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
@@ -43,8 +68,15 @@ class MetricsWriter:
     if not self.enabled:
       return
     from tensorboardX import SummaryWriter
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    path = os.path.join(workdir, "metrics.jsonl")
+    dropped = drop_rows_after(path, start_step) if start_step < total_steps else 0
+    if dropped:
+      log.info("dropped %d rows past step %d from %s (this run logs those steps again)", dropped,
+               start_step, path)
+    # purge_step: TensorBoard hides the earlier events at and past it, as metrics.jsonl drops them
+    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                            purge_step=start_step + 1 if dropped else None)
+    self.jsonl = open(path, "a")
     if sys.stderr.isatty():
       from tqdm import tqdm
       self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)

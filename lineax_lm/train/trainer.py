@@ -5,7 +5,10 @@ and the batch split over (data, fsdp). Mixed precision: float32 master weights, 
 `model.dtype` (bf16 on accelerators). Gradient accumulation sums exact token-weighted gradients over
 micro-batches, so accumulating equals one big batch. A non-finite loss or gradient leaves the state
 unchanged, and the loop stops with a checkpoint of that last good state. SIGTERM / SIGINT save and
-exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG and data iterator).
+exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG and data iterator)
+from the newest checkpoint that passes its checksums (damaged ones are set aside, see checkpoint).
+A rollback (`train.restore_step` before the latest step) sets the later steps aside and trains
+through them again.
 """
 from __future__ import annotations
 
@@ -255,6 +258,26 @@ def _finish_profile(state, step: int, steps: int, started: float, workdir: str):
   log.info("profile (%s):\n%s", folder, md)
 
 
+def _stop_non_finite(mngr, step: int, state, data_iter, config, m: dict, workdir: str):
+  """Raises TrainingStopped for a non-finite step `step + 1`, after logging the diagnosis (first,
+  so that a failing save cannot hide it) and making sure the unchanged `state` is on disk: a step
+  saved just before (periodically, or the restored one) already holds it."""
+  diagnosis = (f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
+               f"grad_norm={float(m['grad_norm'])})")
+  log.error("%s; training stops", diagnosis)
+  if step in mngr.all_steps():
+    where = f"step {step}, checkpointed before this step, holds the last good state"
+  else:
+    try:
+      checkpoint.save(mngr, step, state, data_iter, config)
+      mngr.seal()
+    except Exception as e:
+      raise TrainingStopped(f"{diagnosis}; saving the last good state as step {step} failed "
+                            f"({type(e).__name__}: {e})") from e
+    where = f"the last good state is saved as step {step}"
+  raise TrainingStopped(f"{diagnosis}; {where} in {workdir}/checkpoints")
+
+
 def train_and_evaluate(config, workdir: str, objective: Objective | None = None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics.
   `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
@@ -276,8 +299,14 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
     mngr = checkpoint.manager(workdir, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
     if mngr.latest_step() is not None:
       state, step = checkpoint.restore(mngr, trainer.abstract_state(), data_iter,
-                                       step=t.restore_step if t.restore_step >= 0 else None)
+                                       step=t.restore_step if t.restore_step >= 0 else None,
+                                       config=config, set_aside_damaged=True)
       log.info("resumed from step %d in %s", step, workdir)
+      if step < t.steps and max(mngr.all_steps()) > step:  # a rollback: it saves those steps again
+        moved = checkpoint.set_aside_after(mngr, step, f"rolled-back-to-{step}")
+        log.warning("restored step %d, before the latest checkpoint: this run trains through the "
+                    "later steps again, so their checkpoints were moved aside (not deleted): %s",
+                    step, ", ".join(moved))
     else:
       state = trainer.init(None if objective.init_params is None else objective.init_params())
     step = int(state["step"])
@@ -297,11 +326,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
           new_state, m = trainer.train_step(state, trainer.put_batch(next(data_iter)))
           if not bool(m["ok"]):
             state = new_state  # unchanged by the step: the last good state
-            checkpoint.save(mngr, step, state, data_iter, config, force=True)
-            mngr.wait_until_finished()
-            raise TrainingStopped(f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
-                                  f"grad_norm={float(m['grad_norm'])}); the last good state is saved as step "
-                                  f"{step} in {workdir}/checkpoints")
+            _stop_non_finite(mngr, step, state, data_iter, config, m, workdir)
           state, step, window_steps = new_state, step + 1, window_steps + 1
           writer.advance()
           if t.profile_steps and step == t.profile_start + t.profile_steps:
@@ -320,7 +345,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
             summary.update(trainer.evaluate(state["params"], evals))
             writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
           if step % t.checkpoint_every == 0 or step == t.steps or stop.requested:
-            checkpoint.save(mngr, step, state, data_iter, config, force=True)
+            checkpoint.save(mngr, step, state, data_iter, config)
           if stop.requested:
             log.warning("%s received: saved step %d in %s; rerun the same command to resume",
                         stop.requested, step, workdir)
@@ -329,7 +354,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
       if evals and "eval_accuracy" not in summary:  # a finished run restarted: report it anyway
         summary.update(trainer.evaluate(state["params"], evals))
     finally:
-      mngr.wait_until_finished()
+      mngr.seal()
       mngr.close()
       data_iter.close()
       writer.close()

@@ -99,7 +99,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_corrupt_checkpoint_gives_clear_error_and_keeps_others(tmp_path):
+def test_corrupt_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(tmp_path, caplog):
   config = tiny_config(steps=6)
   workdir = str(tmp_path / "run")
   train_and_evaluate(config, workdir)
@@ -109,12 +109,16 @@ def test_corrupt_checkpoint_gives_clear_error_and_keeps_others(tmp_path):
     for name in files:  # tear every file of the latest state
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"torn")
-  with pytest.raises(checkpoint.CheckpointError, match="step 6 .* could not be restored"):
-    train_and_evaluate(config, workdir)
+  with caplog.at_level("WARNING", logger="lineax_lm"):
+    assert train_and_evaluate(config, workdir)["step"] == 6  # from step 3, by itself
+  assert "checkpoint step 6" in caplog.text and "resuming from step 3" in caplog.text
   assert sorted(os.listdir(ckpts)) == ["3", "6"]
-  config.train.restore_step = 3  # the earlier checkpoint still restores
+  set_aside = os.path.join(workdir, checkpoint.SET_ASIDE)
+  assert os.listdir(set_aside) == ["6-damaged"]  # the torn step is kept, not deleted
+  config.train.restore_step = 3  # a rollback to the earlier checkpoint trains through step 6 again
   config.train.steps = 4
   assert train_and_evaluate(config, workdir)["step"] == 4
+  assert sorted(os.listdir(set_aside)) == ["6-damaged", "6-rolled-back-to-3"]
 
 
 @pytest.mark.slow
