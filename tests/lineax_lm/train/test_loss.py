@@ -76,6 +76,7 @@ def _assert_same_grads(grads_f, grads):
     np.testing.assert_allclose(g_f / scale, g / scale, rtol=0, atol=1e-5, err_msg=str(path))
 
 
+@pytest.mark.slow  # two train-step compiles per case
 @pytest.mark.parametrize("kind", ["packed", "masked"])
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (4, 1, 2)], ids=["1dev", "data4_tensor2"])
 def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
