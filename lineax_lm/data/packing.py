@@ -12,6 +12,13 @@ A tokenized document of n ids gives n - 1 next-token pairs: `inputs = ids[:-1]`,
 
 Packed rows carry `segment_ids` (1, 2, ... per piece in the row, 0 on padding) and `positions`
 (0, 1, ... within each piece). Padding has `inputs = targets = pad_id` and `loss_mask = 0`.
+
+`max_segments` bounds the sequences of a packed row as the model counts them (`models.hybrid`:
+every piece, and a padding tail as one more), because a model run under jit holds a static number
+of sequences per row and turns the logits of a row with more into NaN. "concat" gives a row of more
+pieces than that as several rows of max_segments - 1 pieces and a padding tail each (the pieces
+and their order unchanged); "first_fit" closes a bin at max_segments - 1 pieces. A row that still
+holds more (max_segments = 1 and a padded row) is a ValueError naming `max_segments`.
 `segment_ids_to_cu_seqlens` turns the segment ids of packed rows into the `cu_seqlens` offsets the
 varlen (B == 1) kernels take.
 """
@@ -65,29 +72,84 @@ def _packed_row(row: dict[str, np.ndarray], pad_id: int) -> dict[str, np.ndarray
   return out
 
 
+def _sequence_starts(segment_ids: np.ndarray) -> np.ndarray:
+  """Where the sequences of one packed row start, as the model counts them (a padding tail too)."""
+  return np.flatnonzero(np.concatenate([[True], segment_ids[1:] != segment_ids[:-1]]))
+
+
+class SplitCrowdedRow(grain.experimental.FlatMapTransform):
+  """A packed row of more than `max_segments` sequences -> rows of max_segments - 1 of its pieces
+  each, moved to the row start and followed by padding (which the model counts as one more
+  sequence); other rows pass unchanged."""
+
+  max_fan_out = 1 << 20  # only bounds grain's MapDataset flat map; the iterator version ignores it
+
+  def __init__(self, max_segments: int, pad_id: int):
+    self.max_segments, self.pad_id = max_segments, pad_id
+
+  def flat_map(self, row: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    seg = row["segment_ids"]
+    starts = _sequence_starts(seg)
+    if len(starts) <= self.max_segments or self.max_segments < 2:  # < 2: `check_segments` says why
+      return [row]
+    pieces = [(a, b) for a, b in zip(starts, list(starts[1:]) + [len(seg)]) if seg[a] != 0]
+    per_row = self.max_segments - 1
+    out = []
+    for first in range(0, len(pieces), per_row):
+      group = pieces[first:first + per_row]
+      idx = np.concatenate([np.arange(a, b) for a, b in group])
+      new = {k: np.full_like(v, self.pad_id if k in ("inputs", "targets") else 0)
+             for k, v in row.items()}
+      for k, v in row.items():
+        new[k][:len(idx)] = v[idx]
+      new["segment_ids"][:len(idx)] = np.repeat(np.arange(1, len(group) + 1, dtype=np.int32),
+                                                [b - a for a, b in group])
+      out.append(new)
+    return out
+
+
+def check_segments(row: dict[str, np.ndarray], max_segments: int) -> dict[str, np.ndarray]:
+  """`row` unchanged, or a ValueError if it holds more sequences than `max_segments`."""
+  n = len(_sequence_starts(row["segment_ids"]))
+  if n > max_segments:
+    raise ValueError(
+        f"a packed row holds {n} sequences (documents, and its padding tail as one), more than "
+        f"`max_segments` = {max_segments}, the number a model holds per row under jit (more turn "
+        "the loss into NaN); raise config.data.max_segments and config.model.max_segments together "
+        "(a padded row needs at least 2), or use packing='none'")
+  return row
+
+
 def pack(ds: grain.IterDataset, *, mode: str, seq_len: int, pad_id: int, num_packing_bins: int = 16,
-         seed: int = 0) -> grain.IterDataset:
+         seed: int = 0, max_segments: int | None = None) -> grain.IterDataset:
   """Documents ([n] int32 ids each) -> rows {"inputs", "targets", "loss_mask"[, "segment_ids",
   "positions"]}, [seq_len] int32 each (see the module docstring for the modes). Documents of fewer
   than 2 ids hold no pair and are skipped. `num_packing_bins` and `seed` (the shuffle of finished
-  bins) apply to "first_fit"."""
+  bins) apply to "first_fit"; `max_segments` (None: no bound) to "concat" and "first_fit"."""
   if mode not in PACKING_MODES:
     raise ValueError(f"`packing` must be one of {PACKING_MODES}; got {mode!r}")
   if seq_len < 1:
     raise ValueError(f"`seq_len` must be >= 1; got {seq_len}")
+  if max_segments is not None and max_segments < 1:
+    raise ValueError(f"`max_segments` must be >= 1 or None; got {max_segments}")
   ds = ds.filter(lambda ids: len(ids) >= 2)
   lengths = {k: seq_len for k in _FEATURES}
   if mode == "concat":
     ds = grain.experimental.ConcatThenSplitIterDataset(ds.map(lm_example), length_struct=lengths)
-    return ds.map(lambda row: _packed_row(row, pad_id))
-  ds = grain.experimental.FlatMapIterDataset(ds, SplitDocument(seq_len))
-  if mode == "none":
-    return ds.map(lambda ex: pad_example(ex, seq_len, pad_id))
-  if num_packing_bins < 1:
-    raise ValueError(f"`num_packing_bins` must be >= 1; got {num_packing_bins}")
-  ds = grain.experimental.FirstFitPackIterDataset(
-      ds, length_struct=lengths, num_packing_bins=num_packing_bins, seed=seed, shuffle_bins=True)
-  return ds.map(lambda row: _packed_row(row, pad_id))
+    ds = ds.map(lambda row: _packed_row(row, pad_id))
+    if max_segments is not None:
+      ds = grain.experimental.FlatMapIterDataset(ds, SplitCrowdedRow(max_segments, pad_id))
+  else:
+    ds = grain.experimental.FlatMapIterDataset(ds, SplitDocument(seq_len))
+    if mode == "none":
+      return ds.map(lambda ex: pad_example(ex, seq_len, pad_id))
+    if num_packing_bins < 1:
+      raise ValueError(f"`num_packing_bins` must be >= 1; got {num_packing_bins}")
+    ds = grain.experimental.FirstFitPackIterDataset(
+        ds, length_struct=lengths, num_packing_bins=num_packing_bins, seed=seed, shuffle_bins=True,
+        max_sequences_per_bin=None if max_segments is None else max(1, max_segments - 1))
+    ds = ds.map(lambda row: _packed_row(row, pad_id))
+  return ds if max_segments is None else ds.map(lambda row: check_segments(row, max_segments))
 
 
 def segment_ids_to_cu_seqlens(segment_ids, max_segments: int | None = None):

@@ -58,6 +58,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.add_eos = True
   c.packing = "concat"           # concat | first_fit | none (see lineax_lm.data.packing)
   c.num_packing_bins = 16        # first_fit
+  # concat / first_fit: sequences per packed row at most, a padding tail counting as one (more rows
+  # then); must be <= config.model.max_segments, the model's static bound under jit
+  c.max_segments = 16
   # mqar (lineax_lm.data.mqar.MQARSource; seq_len above; examples drawn from `seed`)
   c.mqar = ml_collections.ConfigDict(dict(
       vocab_size=8192, num_kv_pairs=8, power_a=0.01, num_examples=100_000, random_non_queries=True))
@@ -160,5 +163,6 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
   add_bos, add_eos = config.add_bos, config.add_eos
   ds = ds.map(lambda doc: text.tokenize(doc, tokenizer, add_bos, add_eos)).to_iter_dataset(read)
   ds = packing.pack(ds, mode=config.packing, seq_len=config.seq_len, pad_id=tokenizer.pad_id,
-                    num_packing_bins=config.num_packing_bins, seed=seed)
+                    num_packing_bins=config.num_packing_bins, seed=seed,
+                    max_segments=config.get("max_segments"))
   return ds.batch(local_batch, drop_remainder=drop_remainder)

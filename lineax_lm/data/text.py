@@ -11,11 +11,14 @@
 
 `paths` is a list of files or glob patterns, or one string of them separated by commas; every
 pattern must match a file. Files are indexed once (byte offsets of their lines), then read lazily, so
-random access costs one seek; sources are thread-safe (each read opens its file).
+random access costs one seek; sources are thread-safe (each read opens its file). Building a source
+checks every file once: an empty file (unit "file") or one that is not UTF-8 is a ValueError that
+names the file, the line and the byte offset, before any training step.
 """
 from __future__ import annotations
 
 import bisect
+import codecs
 import glob
 import json
 import os
@@ -44,15 +47,50 @@ def resolve_paths(paths: str | Sequence[str]) -> list[str]:
   return files
 
 
+def _not_utf8(path: str, line_no: int, offset: int, e: UnicodeDecodeError) -> ValueError:
+  """The error for bytes that are not UTF-8: line `line_no` (1-based) and file byte `offset`."""
+  return ValueError(f"{path}: line {line_no}, byte offset {offset}: not valid UTF-8 ({e.reason}: "
+                    f"{e.object[e.start:e.end]!r}); text data must be UTF-8 (convert the file, "
+                    "e.g. with iconv)")
+
+
+def _decode(data: bytes, path: str, first_line: int, offset: int) -> str:
+  """`data` (read from `path` at byte `offset`, where line `first_line` starts) as UTF-8."""
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _not_utf8(path, first_line + data.count(b"\n", 0, e.start), offset + e.start, e) from None
+
+
 def _line_offsets(path: str) -> np.ndarray:
-  """Byte offsets of the non-blank lines of a file, [n] int64."""
+  """Byte offsets of the non-blank lines of a file, [n] int64 (every line checked as UTF-8)."""
   offsets, pos = [], 0
   with open(path, "rb") as f:
-    for line in f:
+    for line_no, line in enumerate(f, 1):
+      _decode(line, path, line_no, pos)
       if line.strip():
         offsets.append(pos)
       pos += len(line)
   return np.asarray(offsets, np.int64)
+
+
+def _check_text_file(path: str, block: int = 1 << 20) -> None:
+  """ValueError unless `path` holds some bytes, all of them UTF-8 (read in blocks of `block`)."""
+  if os.path.getsize(path) == 0:
+    raise ValueError(f"{path}: the file is empty; a document needs text (remove it from `paths`)")
+  decoder, line_no, pos = codecs.getincrementaldecoder("utf-8")(), 1, 0
+  with open(path, "rb") as f:
+    while True:
+      data = f.read(block)
+      try:
+        decoder.decode(data, final=not data)
+      except UnicodeDecodeError as e:  # e.start counts from the bytes the decoder still held
+        start = pos - (len(e.object) - len(data))
+        raise _not_utf8(path, line_no + e.object.count(b"\n", 0, e.start), start + e.start,
+                        e) from None
+      if not data:
+        return
+      line_no, pos = line_no + data.count(b"\n"), pos + len(data)
 
 
 def _read_line(path: str, offset: int) -> str:
@@ -95,6 +133,8 @@ class TextFileSource(_LinesSource):
       super().__init__(paths)
     else:
       self.files = resolve_paths(paths)
+      for path in self.files:
+        _check_text_file(path)
 
   def __len__(self) -> int:
     return len(self.files) if self.unit == "file" else super().__len__()

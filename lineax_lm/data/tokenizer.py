@@ -74,7 +74,7 @@ class HFTokenizer:
       raise FileNotFoundError(f"tokenizer: no tokenizer.json at {path!r} (give the path of a local "
                               "tokenizer.json or of the folder that holds it, or 'byte')")
     self.path = path
-    self.hf = tokenizers.Tokenizer.from_file(path)
+    self.hf = read_tokenizer_json(path)
     self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
     side = _side_config(os.path.dirname(path))
     given = {"bos": bos_token, "eos": eos_token, "pad": pad_token}
@@ -113,12 +113,37 @@ class HFTokenizer:
             f"eos_id={self.eos_id}, pad_id={self.pad_id})")
 
 
+def read_tokenizer_json(path: str) -> tokenizers.Tokenizer:
+  """`tokenizers.Tokenizer.from_file`, whose errors (a bare Exception such as "EOF while parsing an
+  object at line 13 column 15" for a truncated file) name neither the file nor what it is."""
+  try:
+    return tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # the Rust parser raises plain Exception
+    raise ValueError(f"tokenizer: {path} is not a readable tokenizer.json ({e}; "
+                     f"{os.path.getsize(path)} bytes: truncated or damaged?)") from None
+
+
+def read_json_file(path: str, what: str) -> dict:
+  """A JSON file as a dict; a ValueError naming the file, line and column when it is not one."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{what}: {path} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                     f"{e.msg})") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{what}: {path}, byte offset {e.start}: not valid UTF-8 "
+                     f"({e.reason})") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{what}: {path} holds a JSON {type(value).__name__}, not an object")
+  return value
+
+
 def _side_config(folder: str) -> dict:
   side = os.path.join(folder, "tokenizer_config.json")
   if not os.path.isfile(side):
     return {}
-  with open(side, encoding="utf-8") as f:
-    return json.load(f)
+  return read_json_file(side, "tokenizer")
 
 
 def load_tokenizer(name: str, *, bos_token: str | None = None, eos_token: str | None = None,

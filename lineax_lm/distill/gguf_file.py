@@ -197,6 +197,30 @@ def llama_config(metadata: dict[str, Any], *, vocab_size: int, tied: bool) -> di
 
 # ----------------------------------------------------------------------------- whole file
 
+GGUF_MAGIC = gguf.GGUF_MAGIC.to_bytes(4, "little")  # b"GGUF", the first bytes of every GGUF file
+
+
+def open_gguf(path: str) -> gguf.GGUFReader:
+  """A `gguf.GGUFReader` of `path`, or a ValueError that names the file and what is wrong with it.
+
+  The reader itself fails on a truncated or damaged file with numpy errors ("When changing to a
+  larger dtype ...", "cannot reshape array ...") that name neither the file nor the problem."""
+  if not os.path.isfile(path):
+    raise ValueError(f"path: no GGUF file at {path!r}")
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    magic = f.read(len(GGUF_MAGIC))
+  if magic != GGUF_MAGIC:
+    raise ValueError(f"{path}: not a GGUF file (byte offset 0: {magic!r}, expected the magic "
+                     f"{GGUF_MAGIC!r}; {size} bytes)")
+  try:
+    return gguf.GGUFReader(path)
+  except Exception as e:  # numpy / index errors from reading past the end of the bytes
+    raise ValueError(f"{path}: a truncated or damaged GGUF file ({size} bytes): its header, "
+                     f"metadata or tensor data do not parse (the gguf reader said "
+                     f"{type(e).__name__}: {e})") from None
+
+
 def read_gguf_llama(path: str | os.PathLike[str]
                     ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, str], dict[str, Any]]:
   """Reads a Llama-architecture GGUF file into Hugging Face form.
@@ -209,9 +233,7 @@ def read_gguf_llama(path: str | os.PathLike[str]
     metadata: every GGUF key/value (tokenizer.* included) as Python values.
   """
   path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise ValueError(f"path: no GGUF file at {path!r}")
-  reader = gguf.GGUFReader(path)
+  reader = open_gguf(path)
   metadata = read_metadata(reader)
   params, tensor_types = {}, {}
   for t in reader.tensors:

@@ -12,12 +12,13 @@ A file that embeds its tokenizer.json ("tokenizer.huggingface.json") is used as 
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors
+
+from lineax_lm.data.tokenizer import read_json_file, read_tokenizer_json
 
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
 _DIGITS_THEN_BYTELEVEL = ("smollm", "starcoder")
@@ -104,7 +105,11 @@ def tokenizer_from_gguf_metadata(metadata: dict[str, Any]) -> TeacherTokenizer:
   pad = metadata.get(key + "padding_token_id")
   chat_template = metadata.get("tokenizer.chat_template")
   if "tokenizer.huggingface.json" in metadata:
-    hf = tokenizers.Tokenizer.from_str(metadata["tokenizer.huggingface.json"])
+    try:
+      hf = tokenizers.Tokenizer.from_str(metadata["tokenizer.huggingface.json"])
+    except Exception as e:  # the Rust parser raises plain Exception
+      raise ValueError(f"tokenizer.huggingface.json: the tokenizer the GGUF metadata embeds is not "
+                       f"readable ({e})") from None
     return TeacherTokenizer(hf, bos_id=bos, eos_id=eos, pad_id=pad, chat_template=chat_template)
   kind = metadata.get(key + "model")
   if kind != "gpt2":
@@ -153,12 +158,9 @@ def load_tokenizer_json(path: str | os.PathLike[str], *, bos_id: int | None = No
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise ValueError(f"path: no tokenizer.json at {path!r}")
-  hf = tokenizers.Tokenizer.from_file(path)
+  hf = read_tokenizer_json(path)
   side = os.path.join(os.path.dirname(path), "tokenizer_config.json")
-  extra = {}
-  if os.path.isfile(side):
-    with open(side, encoding="utf-8") as f:
-      extra = json.load(f)
+  extra = read_json_file(side, "tokenizer") if os.path.isfile(side) else {}
 
   def from_config(value, key):
     if value is not None:

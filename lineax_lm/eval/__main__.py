@@ -25,32 +25,56 @@ from lineax_lm.eval import report
 RECALL = ("needle", "ruler")
 
 
+def _integer(low: int):
+  """An argparse type: an integer >= low (a length or count below 1 would give an empty table)."""
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+    return value
+  return parse
+
+
+def _positive_ints(text: str) -> list[int]:
+  """An argparse type: comma-separated integers >= 1, at least one."""
+  values = [_integer(1)(x.strip()) for x in text.split(",") if x.strip()]
+  if not values:
+    raise argparse.ArgumentTypeError(f"{text!r} holds no integer (give e.g. 512,1024)")
+  return values
+
+
 def parse_args(argv=None):
+  """The parsed command line; a length, count or size below 1 is an error naming its argument."""
   p = argparse.ArgumentParser(prog="python -m lineax_lm.eval", description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True, help="training run directory (with checkpoints/)")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  p.add_argument("--step", type=_integer(0), default=None, help="checkpoint step (default: latest)")
   p.add_argument("--tasks", default=None, help="comma-separated tasks (see the module docstring)")
   p.add_argument("--out", default=None, help="output folder (default: WORKDIR/eval)")
-  p.add_argument("--lengths", default="512,1024,2048,4096,8192", help="recall context lengths")
-  p.add_argument("--num_examples", type=int, default=20, help="examples per recall task and length")
+  p.add_argument("--lengths", type=_positive_ints, default="512,1024,2048,4096,8192",
+                 help="recall context lengths")
+  p.add_argument("--num_examples", type=_integer(1), default=20,
+                 help="examples per recall task and length")
   p.add_argument("--mode", default="generate", choices=("generate", "teacher_forced"))
   p.add_argument("--corpus", default=None, help="text files (comma-separated / globs) for haystacks")
   p.add_argument("--tokenizer", default=None, help="'byte' or a tokenizer.json (default: the run's)")
-  p.add_argument("--mqar_lengths", default=None, help="MQAR lengths (default: the run's seq_len, x2, x4)")
-  p.add_argument("--mqar_kv_pairs", default=None, help="MQAR kv pairs (default: the run's, /2, x2)")
-  p.add_argument("--mqar_examples", type=int, default=256)
+  p.add_argument("--mqar_lengths", type=_positive_ints, default=None,
+                 help="MQAR lengths (default: the run's seq_len, x2, x4)")
+  p.add_argument("--mqar_kv_pairs", type=_positive_ints, default=None,
+                 help="MQAR kv pairs (default: the run's, /2, x2)")
+  p.add_argument("--mqar_examples", type=_integer(1), default=256)
   p.add_argument("--ppl_paths", default=None, help="held-out text files for ppl (the run's format)")
   p.add_argument("--ppl_tfds_split", default=None, help="held-out TFDS split for ppl (e.g. validation)")
-  p.add_argument("--ppl_documents", type=int, default=200, help="at most this many documents")
-  p.add_argument("--max_len", type=int, default=None, help="ppl window (default: the run's seq_len)")
-  p.add_argument("--efficiency_lengths", default="2048,8192,32768")
-  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--ppl_documents", type=_integer(1), default=200,
+                 help="at most this many documents")
+  p.add_argument("--max_len", type=_integer(1), default=None,
+                 help="ppl window (default: the run's seq_len)")
+  p.add_argument("--efficiency_lengths", type=_positive_ints, default="2048,8192,32768")
+  p.add_argument("--batch_size", type=_integer(1), default=8)
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args(argv)
-
-
-def _ints(s: str) -> list[int]:
-  return [int(x) for x in s.split(",") if x.strip()]
 
 
 def run(args) -> dict:
@@ -82,12 +106,16 @@ def run(args) -> dict:
 
   if "mqar" in tasks:
     m, L = config.data.mqar, config.data.seq_len
-    lengths = _ints(args.mqar_lengths) if args.mqar_lengths else [L, 2 * L, 4 * L]
-    kvs = (_ints(args.mqar_kv_pairs) if args.mqar_kv_pairs else
+    lengths = args.mqar_lengths or [L, 2 * L, 4 * L]
+    kvs = (args.mqar_kv_pairs or
            sorted({max(1, m.num_kv_pairs // 2), m.num_kv_pairs, 2 * m.num_kv_pairs}))
     rows = mqar.mqar_grid(model, vocab_size=m.vocab_size, seq_lens=lengths, kv_pairs=kvs,
                           num_examples=args.mqar_examples, batch_size=args.batch_size,
                           power_a=m.power_a, random_non_queries=m.random_non_queries)
+    if not rows:
+      raise ValueError(f"`--mqar_lengths` {lengths} x `--mqar_kv_pairs` {kvs}: no pair fits (a "
+                       f"length holds at most length / 4 pairs, and a vocabulary of {m.vocab_size} "
+                       f"at most {m.vocab_size // 2 - 1}); nothing to evaluate")
     report.write_rows(rows, os.path.join(out, "mqar"), title=f"MQAR accuracy: {title}")
     if rows:
       report.line_plot(rows, x="num_kv_pairs", y="accuracy", group="seq_len",
@@ -101,7 +129,7 @@ def run(args) -> dict:
     corpus = None
     if args.corpus:
       corpus = [open(f, encoding="utf-8").read() for f in resolve_paths(args.corpus)]
-    rows = ruler.evaluate_tasks(model, tokenizer, recall_tasks, _ints(args.lengths), args.num_examples,
+    rows = ruler.evaluate_tasks(model, tokenizer, recall_tasks, args.lengths, args.num_examples,
                                 args.seed, args.mode, corpus, args.batch_size)
     report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
     report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
@@ -125,7 +153,7 @@ def run(args) -> dict:
         [res], os.path.join(out, "ppl"), title=f"Held-out language metrics: {title}")
 
   if "efficiency" in tasks:
-    rows = efficiency.efficiency_rows({title: model}, _ints(args.efficiency_lengths),
+    rows = efficiency.efficiency_rows({title: model}, args.efficiency_lengths,
                                       measure=True, batch=2, seq_len=min(512, config.data.seq_len))
     sections["efficiency"] = report.write_rows(rows, os.path.join(out, "efficiency"),
                                                title=f"Efficiency: {title}")

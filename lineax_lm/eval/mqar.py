@@ -47,6 +47,12 @@ def mqar_grid(model, *, vocab_size: int, seq_lens: Iterable[int], kv_pairs: Iter
               **kw) -> list[dict]:
   """Accuracy rows {"seq_len", "num_kv_pairs", "accuracy", "num_examples"} for every (length, kv
   count) with 4 * kv <= length (the others cannot hold the pairs and their queries)."""
+  seq_lens, kv_pairs = list(seq_lens), list(kv_pairs)
+  for name, values in (("seq_lens", seq_lens), ("kv_pairs", kv_pairs)):
+    if not values or min(values) < 1:
+      raise ValueError(f"`{name}` must be one or more integers >= 1; got {values}")
+  if num_examples < 1:
+    raise ValueError(f"`num_examples` must be >= 1; got {num_examples}")
   scorer = as_scorer(model, batch_size)
   rows = []
   for L in seq_lens:

@@ -257,6 +257,11 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
   length (accuracy in [0, 1]; None where the length cannot hold the task)."""
   if mode not in ("generate", "teacher_forced"):
     raise ValueError(f"`mode` must be 'generate' or 'teacher_forced'; got {mode!r}")
+  lengths = list(lengths)
+  if not lengths or min(lengths) < 1:
+    raise ValueError(f"`lengths` must be one or more integers >= 1; got {lengths}")
+  if num_examples < 1:
+    raise ValueError(f"`num_examples` must be >= 1; got {num_examples}")
   scorer = as_scorer(model, batch_size) if mode == "teacher_forced" else None
   rows = []
   for task in resolve_tasks(tasks):

@@ -14,6 +14,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from lineax_lm.train.trainer import train_and_evaluate
+from lineax_lm.train.validation import check_config
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py).", lock_config=True)
@@ -30,30 +31,59 @@ def config_keys(config, prefix="") -> list[str]:
   return keys
 
 
-def load_config_file(path: str):
+def load_config_file(value: str):
+  """The config a --config value names, in both forms the flag takes (as ml_collections reads
+  them): "file.py" -> get_config(), "file.py:arg" -> get_config("arg")."""
+  path, colon, arg = value.partition(":")
   spec = importlib.util.spec_from_file_location("config_file", path)
+  if spec is None:
+    raise FileNotFoundError(f"--config: cannot load {path!r} as a Python file")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(arg) if colon else module.get_config()
+
+
+def _config_path(argv) -> str | None:
+  """The value of --config (as "--config=VALUE" or "--config VALUE"), or None."""
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def unknown_field_hints(argv) -> str | None:
+  """"--config.x: did you mean ...?" for each --config.<field> override of `argv` that the config
+  lacks; None when there is none, or when the config itself does not load (its own error is then
+  the one to show)."""
+  overrides = [m.group(1) for a in argv if (m := re.match(r"--config\.([\w.]+)", a))]
+  path = _config_path(argv)
+  if not overrides or path is None:
+    return None
+  try:
+    known = config_keys(load_config_file(path))
+  except Exception:  # the config's own error is the one FLAGS raised: shown instead of hints
+    return None
+  bad = [o for o in overrides if o not in known]
+  if not bad:
+    return None
+  def hint(field):
+    close = " or ".join("--config." + k for k in difflib.get_close_matches(field, known, 3, 0.6))
+    return f"--config.{field}: did you mean {close or 'nothing close'}?"
+  return "; ".join(hint(o) for o in bad)
 
 
 def parse_flags(argv):
-  """absl flag parsing, with suggestions for a mistyped --config.<field> override."""
+  """absl flag parsing, with suggestions for a mistyped --config.<field> override. Any other error
+  (a config file that fails to load, a value of the wrong type) is absl's own, unchanged."""
   try:
     return FLAGS(argv)
-  except (AttributeError, KeyError, flags.Error) as e:
-    overrides = [m.group(1) for a in argv if (m := re.match(r"--config\.([\w.]+)", a))]
-    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if path is None and "--config" in argv[:-1]:
-      path = argv[argv.index("--config") + 1]
-    known = config_keys(load_config_file(path)) if path else []
-    bad = [o for o in overrides if o not in known]
-    if not bad:
+  except (AttributeError, KeyError, flags.Error):
+    hints = unknown_field_hints(argv)
+    if hints is None:
       raise
-    hints = "; ".join(f"--config.{o}: did you mean "
-                      f"{' or '.join('--config.' + k for k in difflib.get_close_matches(o, known, 3, 0.6)) or 'nothing close'}?"
-                      for o in bad)
-    sys.exit(f"error: unknown config field(s) ({e}). {hints}")
+    sys.exit(f"error: unknown config field(s): {hints}")
 
 
 def main(argv):
@@ -64,6 +94,7 @@ def main(argv):
                                    "MEGASCALE_COORDINATOR_ADDRESS")):
     jax.distributed.initialize()
   logging.getLogger("lineax_lm").setLevel(logging.INFO)
+  check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

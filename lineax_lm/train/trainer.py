@@ -32,6 +32,7 @@ from lineax_lm import sharding
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
 from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
+from lineax_lm.train import validation
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32
@@ -44,6 +45,7 @@ class TrainingStopped(RuntimeError):
 # ------------------------------------------------------------------------------ config checks
 def validate_config(config, mesh) -> ModelConfig:
   """Fails before anything compiles, naming the config field that is wrong."""
+  validation.check_config(config)  # the range of every numeric field, and relations between fields
   try:
     model_cfg = ModelConfig.from_config(config.model)
     model_cfg.linear_mixer_config()  # unknown mixer / mixer option

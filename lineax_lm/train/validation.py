@@ -1,0 +1,176 @@
+"""Range checks of a training config's numeric fields, run before anything compiles.
+
+A value out of range fails late and far from its cause: `log_every=0` or `grad_accum=0` as a
+ZeroDivisionError after the step compiled, `num_layers=0` as a KeyError, and `lr=-1e-3` or
+`steps=-5` not at all. `RULES` is one table of (field, allowed range) over the whole config tree;
+`check_config(config)` applies every rule whose field the config has (configs differ: one written
+by an older version may lack a field) and raises one ValueError that lists every field out of range
+with its value and the range allowed, and every broken relation between fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+from lineax_lm.models.hybrid import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """An interval of numbers [low, high] (each end open or closed), for integers only or any real;
+  `none` also allows None (an optional field), `special` a few values outside it, each with what
+  it means (-1: "all remaining devices")."""
+  low: float = -math.inf
+  high: float = math.inf
+  low_open: bool = False
+  high_open: bool = False
+  integer: bool = True
+  none: bool = False
+  special: tuple[tuple[Any, str], ...] = ()
+
+  def allows(self, value) -> bool:
+    if value is None:
+      return self.none
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      return False
+    if any(value == v for v, _ in self.special):
+      return True
+    if self.integer and not isinstance(value, numbers.Integral):
+      return False
+    above = value > self.low if self.low_open else value >= self.low
+    below = value < self.high if self.high_open else value <= self.high
+    return bool(above and below and math.isfinite(value))
+
+  def describe(self) -> str:
+    kind = "an integer" if self.integer else "a number"
+    if math.isinf(self.high):
+      text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+    else:
+      text = (f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+              f"{')' if self.high_open else ']'}")
+    text += "".join(f", or {v!r} ({meaning})" for v, meaning in self.special)
+    return text + (", or None" if self.none else "")
+
+
+def count(low: int = 1, none: bool = False, special=()) -> Range:
+  """An integer >= low."""
+  return Range(low=low, none=none, special=special)
+
+
+def positive() -> Range:
+  """A real number > 0."""
+  return Range(low=0, low_open=True, integer=False)
+
+
+def at_least(low: float) -> Range:
+  """A real number >= low."""
+  return Range(low=low, integer=False)
+
+
+def fraction(high_open: bool = False) -> Range:
+  """A real number in [0, 1] (or [0, 1))."""
+  return Range(low=0, high=1, high_open=high_open, integer=False)
+
+
+AXIS = count(1, special=((-1, "all remaining devices"),))
+
+# (dotted field, allowed range): every numeric field of lineax_lm.train.config.base_config() and
+# of ModelConfig (a test keeps this table complete). Mixer options (model.mixer_cfg) differ per
+# mixer and are not checked here.
+RULES: tuple[tuple[str, Range], ...] = (
+    ("seed", count(0)),
+    ("model.vocab_size", count(1)),
+    ("model.num_layers", count(1)),
+    ("model.hidden", count(1)),
+    ("model.heads", count(1)),
+    ("model.kv_heads", count(1, none=True)),
+    ("model.head_dim", count(1, none=True)),
+    ("model.mlp_hidden", count(1, none=True)),
+    ("model.linear_mlp_hidden", count(1, none=True)),
+    ("model.window", count(1, none=True)),
+    ("model.rope_theta", positive()),
+    ("model.norm_eps", positive()),
+    ("model.init_std", positive()),
+    ("model.max_segments", count(1)),
+    ("data.seq_len", count(1)),
+    ("data.global_batch_size", count(1)),
+    ("data.num_epochs", count(1, none=True)),
+    ("data.num_threads", count(0)),
+    ("data.prefetch_buffer_size", count(0)),
+    ("data.num_packing_bins", count(1)),
+    ("data.max_segments", count(1, none=True)),
+    ("data.mqar.vocab_size", count(1)),
+    ("data.mqar.num_kv_pairs", count(1)),
+    ("data.mqar.power_a", positive()),
+    ("data.mqar.num_examples", count(1)),
+    ("train.steps", count(1)),
+    ("train.grad_accum", count(1)),
+    ("train.lr", positive()),
+    ("train.min_lr_ratio", fraction()),
+    ("train.warmup_steps", count(0)),
+    ("train.b1", fraction(high_open=True)),
+    ("train.b2", fraction(high_open=True)),
+    ("train.eps", positive()),
+    ("train.weight_decay", at_least(0)),
+    ("train.clip_norm", Range(low=0, integer=False, none=True)),   # 0 or None: no clipping
+    ("train.loss_chunk", count(0)),                                 # 0: plain logits
+    ("train.log_every", count(1)),
+    ("train.checkpoint_every", count(1)),
+    ("train.keep_checkpoints", count(1)),
+    ("train.restore_step", count(0, special=((-1, "the latest checkpoint"),))),
+    ("train.profile_steps", count(0)),
+    ("train.profile_start", count(0)),
+    ("eval.every", count(1)),
+    ("eval.steps", count(0)),
+    ("eval.seed", count(0)),
+    ("mesh.data", AXIS),
+    ("mesh.fsdp", AXIS),
+    ("mesh.tensor", AXIS),
+)
+
+
+def _lookup(config, field: str):
+  """(True, value) of a dotted field of a ConfigDict / mapping tree, or (False, None) if absent."""
+  node = config
+  for name in field.split("."):
+    if not hasattr(node, "keys") or name not in node.keys():
+      return False, None
+    node = node[name]
+  return True, node
+
+
+def range_errors(config, rules=RULES) -> list[str]:
+  """One line per field of `config` outside its range in `rules` (fields it lacks are skipped)."""
+  errors = []
+  for field, allowed in rules:
+    present, value = _lookup(config, field)
+    if present and not allowed.allows(value):
+      errors.append(f"config.{field}={value!r}: must be {allowed.describe()}")
+  return errors
+
+
+def relation_errors(config) -> list[str]:
+  """Checks that span fields: the data's packing bound must fit the model's."""
+  errors = []
+  has_data, data_bound = _lookup(config, "data.max_segments")
+  _, model_bound = _lookup(config, "model.max_segments")
+  model_bound = ModelConfig.max_segments if model_bound is None else model_bound
+  _, source = _lookup(config, "data.source")
+  _, packing = _lookup(config, "data.packing")
+  if (has_data and data_bound is not None and source != "mqar" and packing != "none"
+      and isinstance(data_bound, numbers.Integral) and isinstance(model_bound, numbers.Integral)
+      and data_bound > model_bound):
+    errors.append(f"config.data.max_segments={data_bound}: must be <= config.model.max_segments="
+                  f"{model_bound}, the sequences the model holds per packed row (more turn the "
+                  "loss into NaN)")
+  return errors
+
+
+def check_config(config) -> None:
+  """ValueError listing every numeric field of `config` out of its range (see RULES) and every
+  broken relation between fields, each with the field, its value and what is allowed."""
+  errors = range_errors(config) + relation_errors(config)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))

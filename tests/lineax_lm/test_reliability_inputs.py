@@ -1,0 +1,373 @@
+"""Bad inputs and configs fail early with an error that names what is wrong (issue 22's input
+cases): packed rows within the model's segment bound, every numeric config field range-checked
+before compiling, the "did you mean" helper on every --config form, data / tokenizer / GGUF files
+that are empty, truncated or not UTF-8, and eval lengths below 1."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import grain
+import gguf
+import numpy as np
+import pytest
+from flax import nnx
+
+from lineax_lm.data import text
+from lineax_lm.data.packing import check_segments, pack
+from lineax_lm.data.pipeline import data_vocab_size, default_data_config, make_dataset
+from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
+from lineax_lm.distill.gguf_file import read_gguf_llama
+from lineax_lm.distill.tokenizer import load_tokenizer_json
+from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.train import validation
+from lineax_lm.train.config import base_config
+from tests.lineax_lm.tiny import tiny_config
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def sequences_per_row(segment_ids: np.ndarray) -> np.ndarray:
+  """The model's count (models.hybrid.make_packing): each piece, and a padding tail as one more."""
+  return 1 + np.sum(segment_ids[:, 1:] != segment_ids[:, :-1], axis=1)
+
+
+def short_lines(tmp_path, n=600):
+  """One text file of 3-word lines: at seq_len 256, 22-24 documents per concatenated row."""
+  path = tmp_path / "short.txt"
+  path.write_text("".join(f"w{i} x y\n" for i in range(n)))
+  return str(path)
+
+
+def text_config(paths, **overrides):
+  c = default_data_config()
+  c.update(dict(source="text", paths=paths, text_unit="line", seq_len=256, global_batch_size=4,
+                num_epochs=1, shuffle=False))
+  c.update(overrides)
+  return c
+
+
+def pairs(rows):
+  """The multiset of (input, target) pairs the rows train on, sorted."""
+  out = []
+  for row in rows:
+    m = row["loss_mask"].astype(bool)
+    out += list(zip(row["inputs"][m].tolist(), row["targets"][m].tolist()))
+  return sorted(out)
+
+
+# ------------------------------------------------------------------------------ packing bound
+@pytest.mark.parametrize("packing", ["concat", "first_fit"])
+def test_packed_rows_stay_within_max_segments(tmp_path, packing):
+  config = text_config(short_lines(tmp_path), packing=packing)
+  batches = list(make_dataset(config, seed=0, process_index=0, process_count=1))
+  counts = sequences_per_row(np.concatenate([b["segment_ids"] for b in batches]))
+  assert counts.max() <= config.max_segments == ModelConfig.max_segments
+  # the same pairs as packing without a bound, which gave rows of more than 16 documents
+  docs = [text.tokenize(d, ByteTokenizer()) for d in text.TextFileSource(config.paths, unit="line")]
+  rows = {}
+  for bound in (None, config.max_segments):
+    ds = grain.MapDataset.source(docs).to_iter_dataset()
+    rows[bound] = list(pack(ds, mode=packing, seq_len=256, pad_id=ByteTokenizer.pad_id,
+                            num_packing_bins=config.num_packing_bins, max_segments=bound))
+  assert sequences_per_row(np.stack([r["segment_ids"] for r in rows[None]])).max() > 16
+  assert sequences_per_row(np.stack([r["segment_ids"] for r in rows[16]])).max() <= 16
+  assert pairs(rows[16]) == pairs(rows[None])
+
+
+def test_concat_split_keeps_every_pair_once():
+  docs = [np.arange(4, dtype=np.int32) + 100 * d for d in range(200)]  # 3 pairs each
+  ds = grain.MapDataset.source(docs).to_iter_dataset()
+  rows = list(pack(ds, mode="concat", seq_len=64, pad_id=-1, max_segments=5))
+  expected = sorted((int(a), int(b)) for d in docs for a, b in zip(d[:-1], d[1:]))
+  assert pairs(rows) == expected
+  for row in rows:
+    assert sequences_per_row(row["segment_ids"][None])[0] <= 5
+    seg, pos = row["segment_ids"], row["positions"]
+    for s in np.unique(seg[seg > 0]):
+      idx = np.flatnonzero(seg == s)
+      np.testing.assert_array_equal(np.diff(idx), 1)
+      np.testing.assert_array_equal(np.diff(pos[idx]), 1)
+      assert len(set((row["inputs"][idx] // 100).tolist())) == 1  # one document per segment
+
+
+def test_split_rows_resume_bit_for_bit(tmp_path):
+  config = text_config(short_lines(tmp_path), num_epochs=None, shuffle=True)
+  it = make_dataset(config, seed=3, process_index=0, process_count=1)
+  for _ in range(3):
+    next(it)
+  state = it.get_state()
+  expected = [next(it) for _ in range(3)]
+  resumed = make_dataset(config, seed=3, process_index=0, process_count=1)
+  resumed.set_state(state)
+  for a in expected:
+    b = next(resumed)
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_row_over_the_bound_is_an_error_naming_max_segments():
+  docs = [np.arange(5, dtype=np.int32)] * 3  # 4 pairs each: padded rows of 2+ sequences
+  ds = grain.MapDataset.source(docs).to_iter_dataset()
+  with pytest.raises(ValueError, match="more than `max_segments` = 1"):
+    list(pack(ds, mode="concat", seq_len=16, pad_id=0, max_segments=1))
+  row = {"segment_ids": np.array([1, 1, 2, 3, 0], np.int32)}
+  assert check_segments(row, 4) is row
+  with pytest.raises(ValueError, match="4 sequences .* `max_segments` = 3"):
+    check_segments(row, 3)
+
+
+def test_model_on_packed_short_documents_is_finite(tmp_path):
+  """The issue's reproduction: rows of 3-word lines gave the jitted model NaN logits."""
+  config = text_config(short_lines(tmp_path), seq_len=128, global_batch_size=2)
+  batch = next(make_dataset(config, seed=0, process_index=0, process_count=1))
+  model = HybridLM(tiny_config(num_layers=1, vocab_size=259), nnx.Rngs(0))
+  logits = nnx.jit(lambda m, x, s: m(x, s))(model, batch["inputs"], batch["segment_ids"])
+  assert np.all(np.isfinite(np.asarray(logits)))
+
+
+def test_data_bound_above_the_model_bound_is_a_config_error():
+  config = base_config()
+  config.data.update(dict(source="text", max_segments=32))
+  with pytest.raises(ValueError, match=r"config.data.max_segments=32: must be <= "
+                                       r"config.model.max_segments=16"):
+    validation.check_config(config)
+  config.data.packing = "none"  # rows without segments: no bound to keep
+  validation.check_config(config)
+
+
+# ------------------------------------------------------------------------------ config ranges
+def numeric_fields(config, prefix=""):
+  """Dotted names of the int / float leaves of a ConfigDict tree (placeholders by their type)."""
+  out = []
+  for name, value in config.items():
+    if hasattr(value, "items"):
+      if name != "mixer_cfg":
+        out += numeric_fields(value, f"{prefix}{name}.")
+    elif value is None:
+      if config.get_type(name) in (int, float):
+        out.append(prefix + name)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      out.append(prefix + name)
+  return out
+
+
+def test_rules_cover_every_numeric_field():
+  ruled = {field for field, _ in validation.RULES}
+  assert not set(numeric_fields(base_config())) - ruled
+  model_numbers = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)
+                   if any(t in str(f.type) for t in ("int", "float")) and f.name != "attn_layers"}
+  assert not model_numbers - ruled
+  assert len(ruled) == len(validation.RULES)  # each field once
+
+
+@pytest.mark.parametrize("name", ["base.py", "quickstart.py", "mqar_sweep.py"])
+def test_shipped_configs_pass(name):
+  from lineax_lm.train.__main__ import load_config_file
+  config = load_config_file(os.path.join(ROOT, "configs", name))
+  validation.check_config(config.base if "base" in config else config)
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("train.checkpoint_every", 0, "an integer >= 1"),
+    ("train.log_every", 0, "an integer >= 1"),
+    ("eval.every", 0, "an integer >= 1"),
+    ("train.grad_accum", 0, "an integer >= 1"),
+    ("model.num_layers", 0, "an integer >= 1"),
+    ("train.lr", -1e-3, "a number > 0"),
+    ("train.steps", -5, "an integer >= 1"),
+    ("train.steps", 2.5, "an integer >= 1"),
+    ("train.b2", 1.0, "a number in [0, 1)"),
+    ("train.min_lr_ratio", 1.5, "a number in [0, 1]"),
+    ("train.keep_checkpoints", 0, "an integer >= 1"),
+    ("train.restore_step", -2, "an integer >= 0, or -1 (the latest checkpoint)"),
+    ("data.seq_len", 0, "an integer >= 1"),
+    ("data.num_epochs", 0, "an integer >= 1, or None"),
+    ("model.norm_eps", float("nan"), "a number > 0"),
+    ("mesh.fsdp", 0, "an integer >= 1, or -1 (all remaining devices)"),
+])
+def test_out_of_range_fields_fail_before_compiling(field, value, allowed):
+  from lineax_lm import sharding
+  from lineax_lm.train.trainer import validate_config
+  config = base_config()
+  *parents, key = field.split(".")
+  section = config
+  for p in parents:
+    section = section[p]
+  with section.ignore_type():
+    section[key] = value
+  message = rf"config\.{field}={value!r}: must be {allowed}".replace("(", r"\(").replace(")", r"\)")
+  message = message.replace("[", r"\[")
+  with pytest.raises(ValueError, match=message):
+    validation.check_config(config)
+  if not field.startswith("mesh"):  # through the trainer's own check, before any compile
+    with pytest.raises(ValueError, match=message):
+      validate_config(config, sharding.make_mesh(config.mesh))
+
+
+def test_every_bad_field_is_listed_at_once():
+  config = base_config()
+  config.train.update(dict(log_every=0, lr=-1.0))
+  config.eval.every = 0
+  with pytest.raises(ValueError) as e:
+    validation.check_config(config)
+  for text_ in ("config.train.log_every=0", "config.train.lr=-1.0", "config.eval.every=0"):
+    assert text_ in str(e.value)
+
+
+def test_bools_are_not_numbers():
+  assert not validation.count(1).allows(True)
+  assert validation.count(1, none=True).allows(None) and not validation.count(1).allows(None)
+
+
+# ------------------------------------------------------------------------------ "did you mean"
+@pytest.mark.parametrize("config_arg,override,suggestion", [
+    ("configs/quickstart.py:gdn", "train.stepz", "--config.train.steps"),
+    ("configs/mqar_sweep.py:capacity", "base.train.stepz", "--config.base.train.steps"),
+    ("configs/base.py", "train.stpes", "--config.train.steps"),
+])
+@pytest.mark.parametrize("form", ["equals", "space"])
+def test_typo_helper_on_every_config_form(config_arg, override, suggestion, form):
+  from lineax_lm.train import __main__ as cli
+  path = os.path.join(ROOT, config_arg)
+  flag = [f"--config={path}"] if form == "equals" else ["--config", path]
+  with pytest.raises(SystemExit, match=f"did you mean {suggestion}"):
+    cli.parse_flags(["train", *flag, f"--config.{override}=5", "--workdir", "/tmp/x"])
+
+
+def test_typo_helper_leaves_the_config_files_own_error():
+  from lineax_lm.train import __main__ as cli
+  path = os.path.join(ROOT, "configs", "quickstart.py")
+  with pytest.raises(Exception, match="quickstart variant must be one of") as e:
+    cli.parse_flags(["train", f"--config={path}:nope", "--config.train.steps=5", "--workdir", "/x"])
+  assert not isinstance(e.value, (SystemExit, AttributeError))
+  assert cli.unknown_field_hints(["train", "--config=/no/such/file.py", "--config.a=1"]) is None
+
+
+# ------------------------------------------------------------------------------ data files
+def test_non_utf8_lines_name_file_line_and_offset(tmp_path):
+  path = tmp_path / "bad.txt"
+  path.write_bytes(b"good line\n\nsecond \xc3\xa9 fine\nthird \xff here\n")
+  offset = len(b"good line\n\nsecond \xc3\xa9 fine\nthird ")
+  for source in (lambda: text.TextFileSource(str(path), unit="line"),
+                 lambda: text.TextFileSource(str(path), unit="file"),
+                 lambda: text.JsonlSource(str(path))):
+    with pytest.raises(ValueError, match=rf"bad.txt: line 4, byte offset {offset}: not valid UTF"):
+      source()
+
+
+def test_non_utf8_offset_across_read_blocks(tmp_path):
+  """A character split between read blocks is fine; a bad byte's offset counts from the file
+  start."""
+  data = "é\n".encode() * 7 + b"\x80"
+  path = tmp_path / "blocks.txt"
+  path.write_bytes(data)
+  for block in (1, 2, 3, 5, 64):
+    with pytest.raises(ValueError, match=rf"line 8, byte offset {len(data) - 1}:"):
+      text._check_text_file(str(path), block=block)
+  path.write_bytes(data[:-1])
+  text._check_text_file(str(path), block=3)
+
+
+def test_empty_data_files(tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  with pytest.raises(ValueError, match="empty.txt: the file is empty"):
+    text.TextFileSource(str(empty), unit="file")
+  with pytest.raises(ValueError, match="hold no non-blank line"):
+    text.TextFileSource(str(empty), unit="line")
+  with pytest.raises(ValueError, match="the file is empty"):  # the issue's NaN case, now early
+    make_dataset(text_config(str(empty), text_unit="file"), seed=0, process_index=0,
+                 process_count=1)
+
+
+def write_tokenizer(folder):
+  import tokenizers
+  from tokenizers import models
+  vocab = {c: i for i, c in enumerate("abcdefgh")} | {"</s>": 8}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, "tokenizer.json")
+  tok.save(path)
+  return path
+
+
+def test_truncated_tokenizer_json_names_the_file(tmp_path):
+  path = write_tokenizer(str(tmp_path / "tok"))
+  assert load_tokenizer(path).eos_id == 8
+  with open(path) as f:
+    content = f.read()
+  with open(path, "w") as f:
+    f.write(content[:len(content) // 2])
+  pattern = rf"{path} is not a readable tokenizer.json \(.*line \d+ column \d+"
+  with pytest.raises(ValueError, match=pattern):
+    load_tokenizer(path)
+  with pytest.raises(ValueError, match=pattern):
+    data_vocab_size(text_config("unused", tokenizer=path))  # what validate_config calls
+  with pytest.raises(ValueError, match=pattern):
+    load_tokenizer_json(path)
+
+
+def test_bad_tokenizer_config_json_names_the_file(tmp_path):
+  path = write_tokenizer(str(tmp_path / "tok"))
+  side = tmp_path / "tok" / "tokenizer_config.json"
+  side.write_text('{"eos_token": "</s>",\n "bos_token": ')
+  with pytest.raises(ValueError, match=r"tokenizer_config.json is not valid JSON \(line 2, column"):
+    load_tokenizer(path)
+  with pytest.raises(ValueError, match=r"tokenizer_config.json is not valid JSON"):
+    load_tokenizer_json(path)
+
+
+def write_gguf(path):
+  w = gguf.GGUFWriter(path, "llama")
+  w.add_block_count(0)
+  w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
+  w.add_tensor("output_norm.weight", np.ones((8,), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def test_truncated_gguf_names_the_file(tmp_path):
+  full = str(tmp_path / "full.gguf")
+  write_gguf(full)
+  with open(full, "rb") as f:
+    data = f.read()
+  gguf.GGUFReader(full)  # the untruncated file reads
+  cut = str(tmp_path / "cut.gguf")
+  for n in (10, 40, len(data) // 2, len(data) - 8):
+    with open(cut, "wb") as f:
+      f.write(data[:n])
+    with pytest.raises(ValueError, match=rf"cut.gguf: a truncated or damaged GGUF file \({n} "):
+      read_gguf_llama(cut)
+  with open(cut, "wb") as f:
+    f.write(b"PK\x03\x04" + data[4:])
+  with pytest.raises(ValueError, match="cut.gguf: not a GGUF file .*byte offset 0"):
+    read_gguf_llama(cut)
+
+
+# ------------------------------------------------------------------------------ eval arguments
+@pytest.mark.parametrize("argument,value", [
+    ("--lengths", "0"), ("--lengths", "512,-4"), ("--lengths", ","), ("--mqar_lengths", "0"),
+    ("--mqar_kv_pairs", "-1"), ("--efficiency_lengths", "0"), ("--num_examples", "0"),
+    ("--mqar_examples", "0"), ("--batch_size", "0"), ("--max_len", "0"), ("--ppl_documents", "0"),
+    ("--step", "-1"), ("--lengths", "abc"),
+])
+def test_eval_arguments_below_one_name_the_argument(argument, value, capsys):
+  from lineax_lm.eval.__main__ import parse_args
+  with pytest.raises(SystemExit) as e:
+    parse_args(["--workdir", "w", f"{argument}={value}"])
+  assert e.value.code == 2
+  assert f"argument {argument}:" in capsys.readouterr().err
+
+
+def test_eval_functions_reject_lengths_below_one():
+  from lineax_lm.eval import mqar, ruler
+  with pytest.raises(ValueError, match="`seq_lens` must be one or more integers >= 1"):
+    mqar.mqar_grid(None, vocab_size=64, seq_lens=[0], kv_pairs=[4])
+  with pytest.raises(ValueError, match="`lengths` must be one or more integers >= 1"):
+    ruler.evaluate_tasks(None, None, "niah_single", lengths=[-512])
+  from lineax_lm.eval.__main__ import parse_args
+  args = parse_args(["--workdir", "w", "--lengths", "64,128"])
+  assert args.lengths == [64, 128] and args.efficiency_lengths == [2048, 8192, 32768]
