@@ -35,6 +35,10 @@ RULES = {
 def make_mesh(cfg) -> jax.sharding.Mesh:
   """cfg: the `mesh` section with sizes for data, fsdp, tensor; one of them may be -1 (the rest)."""
   sizes = [int(cfg[a]) for a in MESH_AXES]
+  for axis, size in zip(MESH_AXES, sizes):
+    if size < 1 and size != -1:
+      raise ValueError(f"config.mesh.{axis}={size}: must be an integer >= 1, or -1 (all remaining "
+                       "devices)")
   n = jax.device_count()
   if sizes.count(-1) > 1:
     raise ValueError(f"mesh: at most one of {MESH_AXES} may be -1; got {dict(zip(MESH_AXES, sizes))}")

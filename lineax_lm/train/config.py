@@ -24,7 +24,8 @@ def base_config() -> ml_collections.ConfigDict:
       # chunk's float32 logits at 0.5 GiB at vocab 32,000 while each head matmul is still
       # 4,096 x D x vocab (thousands of output tiles: full rate); B=8, T=4096 is then 8 chunks.
       loss_chunk=4096,
-      log_every=50, checkpoint_every=500, keep_checkpoints=3, async_checkpointing=True,
+      log_every=50, checkpoint_every=500, async_checkpointing=True,
+      keep_checkpoints=3,  # the latest steps kept; 0 keeps every step (the last always stays)
       restore_step=-1,  # -1: the latest checkpoint
       # jax.profiler trace of steps profile_start+1 .. profile_start+profile_steps (0: none) into
       # <workdir>/profile, summarised in the log and in profile/summary.md (device time per step)

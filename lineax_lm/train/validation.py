@@ -118,7 +118,7 @@ RULES: tuple[tuple[str, Range], ...] = (
     ("train.loss_chunk", count(0)),                                 # 0: plain logits
     ("train.log_every", count(1)),
     ("train.checkpoint_every", count(1)),
-    ("train.keep_checkpoints", count(1)),
+    ("train.keep_checkpoints", count(1, special=((0, "keep every step"),))),
     ("train.restore_step", count(0, special=((-1, "the latest checkpoint"),))),
     ("train.profile_steps", count(0)),
     ("train.profile_start", count(0)),

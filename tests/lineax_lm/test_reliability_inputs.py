@@ -179,7 +179,7 @@ def test_shipped_configs_pass(name):
     ("train.steps", 2.5, "an integer >= 1"),
     ("train.b2", 1.0, "a number in [0, 1)"),
     ("train.min_lr_ratio", 1.5, "a number in [0, 1]"),
-    ("train.keep_checkpoints", 0, "an integer >= 1"),
+    ("train.keep_checkpoints", -1, "an integer >= 1, or 0 (keep every step)"),
     ("train.restore_step", -2, "an integer >= 0, or -1 (the latest checkpoint)"),
     ("data.seq_len", 0, "an integer >= 1"),
     ("data.num_epochs", 0, "an integer >= 1, or None"),
@@ -200,7 +200,10 @@ def test_out_of_range_fields_fail_before_compiling(field, value, allowed):
   message = message.replace("[", r"\[")
   with pytest.raises(ValueError, match=message):
     validation.check_config(config)
-  if not field.startswith("mesh"):  # through the trainer's own check, before any compile
+  if field.startswith("mesh"):  # train_and_evaluate builds the mesh first: it checks its sizes
+    with pytest.raises(ValueError, match=message):
+      sharding.make_mesh(config.mesh)
+  else:  # through the trainer's own check, before any compile
     with pytest.raises(ValueError, match=message):
       validate_config(config, sharding.make_mesh(config.mesh))
 
