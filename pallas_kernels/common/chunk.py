@@ -37,24 +37,53 @@ def from_chunks(x):
   return x.reshape(B, N * C, H, *x.shape[4:])
 
 
-def chunk_local_cumsum(g):
-  """Inclusive cumsum of [..., C] gates within each chunk, in float32."""
-  return jnp.cumsum(g.astype(F32), axis=-1)
+def shift_right(x, axis: int = -1):
+  """x moved one step along `axis` (x[t - 1] at t), with 0 at t = 0."""
+  axis = axis % x.ndim
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (1, 0)
+  return lax.slice_in_dim(jnp.pad(x, pad), 0, x.shape[axis], axis=axis)
+
+
+# Log-decay gates may be -inf (a decay of exactly 0) and large (|g| ~ 1e4). So every sum of gates
+# below is taken over its own range, never as a difference of cumsums: (-inf) - (-inf) is NaN, and
+# G_i - G_j loses all precision once |G| is large while G_i - G_j is not. A sum over its own range
+# is -inf when the range holds a -inf gate (exp gives the exact 0, and its gradient 0) and is
+# accurate relative to itself, so exp of it is accurate whenever it is not negligible.
+
+def chunk_local_cumsum(g, axis: int = -1, exclusive: bool = False):
+  """Cumsum of gates within each chunk along `axis`, in float32: sum_{r <= t} g_r, or with
+  `exclusive` sum_{r < t} g_r (a cumsum of the shifted gates, not G - g)."""
+  g = g.astype(F32)
+  return jnp.cumsum(shift_right(g, axis) if exclusive else g, axis=axis)
+
+
+def suffix_sum(g, axis: int = -1):
+  """sum_{r > t} g_r within each chunk along `axis` (the decay from t to the chunk end), float32."""
+  return jnp.flip(chunk_local_cumsum(jnp.flip(g, axis), axis, exclusive=True), axis)
+
+
+def segment_sums(g, exclusive: bool = False):
+  """Per-step gates [..., C, K] -> [..., C, C, K]: D[i, j] = sum_{j < r <= i} g_r for j < i
+  (sum_{j < r < i} with `exclusive`, for queries that read the state before their own token), 0 on
+  and above the diagonal. A masked cumsum, so each entry sums its own range (see above)."""
+  C = g.shape[-2]
+  terms = jnp.where(causal_mask(C, strict=True)[..., None], g.astype(F32)[..., :, None, :], 0.0)
+  D = jnp.cumsum(terms, axis=-3)                                      # [..., i, j, K]
+  return shift_right(D, -3) if exclusive else D
 
 
 def causal_mask(C: int, strict: bool = False):
   return jnp.tril(jnp.ones((C, C), bool), -1 if strict else 0)
 
 
-def decay_matrix(gc, strict: bool = False, gq=None):
-  """exp(gq_i - gc_j) on the (strictly) lower triangle, 0 above: [..., C] -> [..., C, C].
-
-  `gq` (default `gc`) is the query-side cumsum (see `gated_scores`). The mask is applied before the
-  exp so that a positive difference is never exponentiated.
-  """
-  C = gc.shape[-1]
-  diff = (gc if gq is None else gq)[..., :, None] - gc[..., None, :]
-  return jnp.exp(jnp.where(causal_mask(C, strict), diff, -jnp.inf))
+def decay_matrix(g, strict: bool = False, exclusive: bool = False):
+  """exp(sum_{j < r <= i} g_r) on the (strictly) lower triangle, 0 above: per-step gates [..., C]
+  -> [..., C, C]; `exclusive` sums r < i instead (then `strict` must be set). The mask is applied
+  before the exp so that nothing above the diagonal is exponentiated."""
+  C = g.shape[-1]
+  D = segment_sums(g[..., None], exclusive)[..., 0]
+  return jnp.exp(jnp.where(causal_mask(C, strict), D, -jnp.inf))
 
 
 def unit_lower_inverse(A, base: int = 16):
@@ -89,38 +118,46 @@ def l2norm(x, eps: float = 1e-6):
   return (xf * lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
-def gated_scores(a, b, gc, dtype, strict: bool = False, sub: int = 16, gq=None):
-  """Decayed intra-chunk scores: sum_c a[i,c] b[j,c] exp(gq[i,c] - gc[j,c]) for j <= i (j < i if
-  `strict`), zero above the diagonal. a, b: [..., C, K]; gc: chunk-local cumsum [..., C, K] for
-  per-channel gates or [..., C, 1] for a scalar gate. Returns float32 [..., C, C].
-  `gq` (same shape, default `gc`) is the query-side cumsum: RWKV-6 reads the state before its own
-  token and passes the exclusive cumsum with strict=True. It must be non-increasing in i with
-  gq[i] <= gc[j] for every unmasked j < i, so no exponent below is positive.
+def gated_scores(a, b, g, dtype, strict: bool = False, sub: int = 16, exclusive: bool = False):
+  """Decayed intra-chunk scores: sum_c a[i,c] b[j,c] exp(sum_{j < r <= i} g[r,c]) for j <= i (j < i
+  if `strict`), zero above the diagonal. a, b: [..., C, K]; g: the per-step log-decay gates
+  [..., C, K] per channel or [..., C, 1] scalar. Returns float32 [..., C, C].
+  `exclusive` (with `strict`): the decay sums r < i, for RWKV-6, whose query reads the state before
+  its own token.
 
-  Scalar gates factor out of the sum. Per-channel gates do not, and exp(gc_i) * exp(-gc_j) can
-  overflow, so the chunk is split into sub-chunks of `sub`: across sub-chunks both factors are taken
-  relative to the first position r of the query sub-chunk (gc_i <= gc_r <= gc_j, so both exps are
-  <= 1), within a sub-chunk the [sub, sub, K] product is formed with the mask applied before the exp.
+  Scalar gates factor out of the sum. Per-channel gates do not, and a [C, C, K] tensor of decays
+  would be large, so the chunk is split into sub-chunks of `sub`: across sub-chunks the decay from
+  key j to query i is split at the query sub-chunk's first position r (i's side sums (r, i], j's
+  side (j, r]; both exps <= 1), within a sub-chunk the [sub, sub, K] decays are formed directly.
+  Every exponent is a non-positive sum over its own range (see `segment_sums`).
   """
+  if exclusive and not strict:
+    raise ValueError("gated_scores: `exclusive` decays need `strict=True` (no query reads its own key)")
   C = a.shape[-2]
-  gq = gc if gq is None else gq
-  if gc.shape[-1] == 1:
-    return mm("...ik,...jk->...ij", a, b, dtype) * decay_matrix(gc[..., 0], strict, gq[..., 0])
+  shift = int(exclusive)
+  if g.shape[-1] == 1:
+    return mm("...ik,...jk->...ij", a, b, dtype) * decay_matrix(g[..., 0], strict, exclusive)
+  g = g.astype(F32)
   sub = sub if C % sub == 0 else C
   n = C // sub
   lead = a.shape[:-2]
   blocks = lambda x: x.reshape(*lead, n, sub, x.shape[-1])
-  ab, bb, gb, gqb = blocks(a.astype(F32)), blocks(b.astype(F32)), blocks(gc), blocks(gq)
-  # Across sub-chunks: query block p against every key j < r_p = p * sub.
-  g_ref = gqb[..., :, :1, :]                                            # [..., n, 1, K]
-  a_rel = ab * jnp.exp(gqb - g_ref)                                     # <= 1
-  before = (jnp.arange(C)[None, :] < (jnp.arange(n) * sub)[:, None])    # [n, C]
-  expo = jnp.where(before[..., None], g_ref - gc[..., None, :, :], -jnp.inf)  # [..., n, C, K]
-  b_rel = b[..., None, :, :].astype(F32) * jnp.exp(expo)
+  ab, bb, gb = blocks(a.astype(F32)), blocks(b.astype(F32)), blocks(g)
+  # Across sub-chunks: query block p (first position r = p * sub) against every key j < r.
+  # i's side: sum over (r - shift, i - shift] within the block, a cumsum whose first term is 0.
+  first = (jnp.arange(sub) == 0)[:, None]
+  a_terms = shift_right(gb, -2) if exclusive else jnp.where(first, 0.0, gb)
+  a_rel = ab * jnp.exp(jnp.cumsum(a_terms, axis=-2))                  # [..., n, sub, K], <= 1
+  # j's side: sum over (j, r - shift], a suffix sum of the gates up to r - shift.
+  pos, starts = jnp.arange(C), jnp.arange(n) * sub
+  upto = (pos[None, :] <= starts[:, None] - shift)[..., None]         # [n, C, 1]
+  b_sums = suffix_sum(jnp.where(upto, g[..., None, :, :], 0.0), axis=-2)  # [..., n, C, K]
+  before = (pos[None, :] < starts[:, None])[..., None]                # [n, C, 1]: j < r
+  b_rel = b[..., None, :, :].astype(F32) * jnp.exp(jnp.where(before, b_sums, -jnp.inf))
   across = mm("...pik,...pjk->...pij", a_rel, b_rel, dtype)              # [..., n, sub, C]
-  # Within a sub-chunk: explicit [sub, sub, K] products, masked before the exp.
+  # Within a sub-chunk: explicit [sub, sub, K] decays, masked before the exp.
   mask = causal_mask(sub, strict)
-  expo = jnp.where(mask[..., None], gqb[..., :, None, :] - gb[..., None, :, :], -jnp.inf)
+  expo = jnp.where(mask[..., None], segment_sums(gb, exclusive), -jnp.inf)
   within = jnp.einsum("...ik,...jk,...ijk->...ij", ab, bb, jnp.exp(expo),
                       precision=precision_for(dtype))                   # [..., n, sub, sub]
   out = across

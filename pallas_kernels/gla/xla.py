@@ -1,13 +1,15 @@
 """Chunked gated linear attention in pure JAX: the one chunked core of every additive family.
 
-Per chunk of C tokens with the chunk-local gate cumsum G (float32; [.., C, K] per channel or
-[.., C, 1] scalar) and the state S (float32, K x V) at the chunk start:
-  o    = (scale q exp(Gq)) S + A v,    A_ij = scale sum_c q_ic k_jc exp(Gq_ic - G_jc), j <= i
-  S    = diag(exp(G_C)) S + (k exp(G_C - G))^T v
+Per chunk of C tokens with the gates g (float32; [.., C, K] per channel or [.., C, 1] scalar), their
+chunk-local cumsum G and the state S (float32, K x V) at the chunk start:
+  o    = (scale q exp(Gq)) S + A v,    A_ij = scale sum_c q_ic k_jc exp(sum_{j < r <= i} g_rc), j <= i
+  S    = diag(exp(G_C)) S + (k exp(sum_{r > j} g_r))^T v
 GLA, simple GLA, retention and linear attention read the state after their token: Gq = G, j <= i.
-RWKV-6 (`u` given) reads it before: Gq = G - g (the exclusive cumsum), j < i, and adds the diagonal
-bonus scale (q_i . (u k_i)) v_i. A comes from `gated_scores` (scalar gates factor out; per-channel
-gates go through sub-chunks so no exponent is positive); every exponent here is <= 0.
+RWKV-6 (`u` given) reads it before: Gq is the exclusive cumsum, the sums in A run over j < r < i,
+j < i, and it adds the diagonal bonus scale (q_i . (u k_i)) v_i. A comes from `gated_scores` (scalar
+gates factor out; per-channel gates go through sub-chunks so no exponent is positive). Every gate
+sum is taken over its own range, never as a difference of cumsums, so gates down to -inf (a decay
+of 0) give exact zeros and large gates (|g| ~ 1e4) lose no precision.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import (F32, chunk_local_cumsum, from_chunks, gated_scores, mm,
-                                         to_chunks)
+                                         suffix_sum, to_chunks)
 from pallas_kernels.common.scan import scan_with_resets
 from pallas_kernels.gla.reference import fused_recurrent_gla  # noqa: F401
 
@@ -42,18 +44,18 @@ def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None,
     q, k, v, g = (jnp.pad(x, [(0, 0), (0, -T % C), (0, 0), (0, 0)]) for x in (q, k, v, g))
   q, k, v, g = (to_chunks(x, C) for x in (q, k, v, g))                # [B, H, N, C, .]
 
-  G = jnp.moveaxis(chunk_local_cumsum(jnp.moveaxis(g, -1, -2)), -2, -1)  # [B, H, N, C, K or 1]
-  Gq = G if u is None else G - g
-  A = gated_scores(q, k, G, dt, strict=u is not None, gq=Gq) * scale
+  exclusive = u is not None                                           # o_t reads S_{t-1}
+  A = gated_scores(q, k, g, dt, strict=exclusive, exclusive=exclusive) * scale
   o = mm("bhnij,bhnjv->bhniv", A, v, dt)
   if u is not None:
     u = u.astype(F32)[None, :, None, None, :]                          # [1, H, 1, 1, K]
     bonus = jnp.sum(q.astype(F32) * u * k.astype(F32), -1, keepdims=True) * scale
     o = o + bonus * v.astype(F32)
 
-  G_last = G[..., -1:, :]                                             # [B, H, N, 1, K or 1]
-  k_out = (k.astype(F32) * jnp.exp(G_last - G)).astype(dt)
-  decay_last = jnp.swapaxes(jnp.exp(G_last), -1, -2)                 # [B, H, N, K or 1, 1]
+  # Gate sums over their own ranges (see common.chunk): -inf gates give exact zeros, never NaN.
+  Gq = chunk_local_cumsum(g, axis=-2, exclusive=exclusive)            # [B, H, N, C, K or 1]
+  k_out = (k.astype(F32) * jnp.exp(suffix_sum(g, axis=-2))).astype(dt)
+  decay_last = jnp.swapaxes(jnp.exp(jnp.sum(g, axis=-2, keepdims=True)), -1, -2)  # [B, H, N, K or 1, 1]
 
   def step(S, x):                                                     # S [B, H, K, V]
     k_c, v_c, d_c = x

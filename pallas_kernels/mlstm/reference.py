@@ -5,6 +5,7 @@
   C_t = exp(logf_t + m_{t-1} - m_t) C_{t-1} + exp(i_t - m_t) k_t v_t^T
   n_t = exp(logf_t + m_{t-1} - m_t) n_{t-1} + exp(i_t - m_t) k_t
   o_t = C_t^T (scale q_t) / (max(|n_t . (scale q_t)|, exp(-m_t)) + EPS)
+(exp(-m_t) capped at exp(80) so that it stays finite in float32: see MAX_NEG_LOG_NORM)
 """
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from pallas_kernels.common.varlen import token_segments
 F32 = jnp.float32
 HI = lax.Precision.HIGHEST
 EPS = 1e-6  # mlstm_kernels' default
+# exp(-m) in the normalizer is capped at exp(MAX_NEG_LOG_NORM): once m < -80 (input gates and decayed
+# history below exp(-80)) the true exp(-m) exceeds float32's range (from m < -88.7), and inf made the
+# output 0 with NaN gradients. Capped, o is at most ~1e-35 |C q| there instead of 0.
+MAX_NEG_LOG_NORM = 80.0
+
+
+def normalizer_floor(m):
+  """exp(-m), capped at exp(MAX_NEG_LOG_NORM) so it stays finite (see above)."""
+  return jnp.exp(jnp.minimum(-m, MAX_NEG_LOG_NORM))
 
 
 def mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None):
@@ -35,7 +45,7 @@ def mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None):
     n = fa * n + ia * k_t
     qs = q_t * scale
     num = jnp.einsum("bhkv,bhk->bhv", C, qs, precision=HI)
-    den = jnp.maximum(jnp.abs(jnp.einsum("bhk,bhk->bh", n, qs, precision=HI)), jnp.exp(-m_new)) + EPS
+    den = jnp.maximum(jnp.abs(jnp.einsum("bhk,bhk->bh", n, qs, precision=HI)), normalizer_floor(m_new)) + EPS
     return (C, n, m_new), num / den[..., None]
 
   time_major = lambda x: jnp.moveaxis(x, 1, 0)

@@ -22,24 +22,12 @@ import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import (F32, causal_mask, chunk_local_cumsum, from_chunks, mm,
-                                         to_chunks)
+                                         segment_sums, suffix_sum, to_chunks)
 from pallas_kernels.common.scan import scan_with_resets
-from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm  # noqa: F401
+from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm, normalizer_floor  # noqa: F401
 
 CHUNK = 64
 NO_INPUT = -1e30  # input-gate value of padding tokens: exp(i - m) == 0, finite so no NaN in gradients
-
-
-def _suffix_sum(logf):
-  """sum_{r > s} logf_r within the chunk, [..., C] -> [..., C]."""
-  suffix = jnp.cumsum(jnp.flip(logf, -1), -1)                        # reversed inclusive
-  return jnp.flip(jnp.pad(suffix[..., :-1], [(0, 0)] * (logf.ndim - 1) + [(1, 0)]), -1)
-
-
-def _segment_sums(logf):
-  """D[t, s] = sum_{s < r <= t} logf_r (0 on and above the diagonal): [..., C] -> [..., C, C]."""
-  C = logf.shape[-1]
-  return jnp.cumsum(jnp.where(causal_mask(C, strict=True), logf[..., :, None], 0.0), axis=-2)
 
 
 def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_size: int = CHUNK):
@@ -64,7 +52,7 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
 
   b = chunk_local_cumsum(logf)                                       # [B, H, N, C]
   g = b[..., -1]                                                     # [B, H, N]
-  a = _suffix_sum(logf) + i                                          # g - b, summed directly
+  a = suffix_sum(logf) + i                                          # g - b, summed directly
   m_loc = jnp.max(a, axis=-1)
   k_w = k.astype(F32) * jnp.exp(a - m_loc[..., None])[..., None]     # [B, H, N, C, K]
   C_loc = mm("bhnck,bhncv->bhnkv", k_w, v, dt)
@@ -84,13 +72,13 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
                                    segments)
   C0, n0, m0 = (jnp.moveaxis(s, 0, 2) for s in starts)               # [B, H, N, ...]
 
-  log_d = jnp.where(causal_mask(C), _segment_sums(logf) + i[..., None, :], -jnp.inf)
+  log_d = jnp.where(causal_mask(C), segment_sums(logf[..., None])[..., 0] + i[..., None, :], -jnp.inf)
   m_t = jnp.maximum(b + m0[..., None], jnp.max(log_d, axis=-1))      # the recurrence's m_t [B, H, N, C]
   P = mm("bhnik,bhnjk->bhnij", q, k, dt) * scale * jnp.exp(log_d - m_t[..., None])
   q_dec = q.astype(F32) * (scale * jnp.exp(b + m0[..., None] - m_t))[..., None]
   num = mm("bhnck,bhnkv->bhncv", q_dec, C0, dt) + mm("bhnij,bhnjv->bhniv", P, v, dt)
   den = mm("bhnck,bhnk->bhnc", q_dec, n0, F32) + jnp.sum(P, axis=-1)
-  o = num / (jnp.maximum(jnp.abs(den), jnp.exp(-m_t)) + EPS)[..., None]
+  o = num / (jnp.maximum(jnp.abs(den), normalizer_floor(m_t)) + EPS)[..., None]
   o = from_chunks(o.astype(dt))
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)
   return o, state

@@ -153,7 +153,7 @@ def hgrn_out_shape(B, T, H, K, V):
 
 
 HGRN = OpCase("hgrn", chunk_hgrn, fused_recurrent_hgrn, hgrn_inputs, hgrn_state, gates=("g",),
-              out_shape=hgrn_out_shape)
+              out_shape=hgrn_out_shape, scaled=False)
 
 
 # --- mLSTM: the stabilized (C, n, m) state -------------------------------------------------------

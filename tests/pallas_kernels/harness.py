@@ -93,10 +93,32 @@ class OpCase:
   state_grad: bool = True        # whether the final state gets a cotangent / initial state a grad
   static_inputs: tuple = ()      # inputs without a time axis (e.g. RWKV-6's u [H, K])
   out_shape: Callable | None = None  # (B, T, H, K, V) -> the output's shape; default [B, T, H, V]
+  scaled: bool = True            # whether the op takes `scale` (HGRN has none)
 
   def cast(self, inputs, dtype):
     names = self.float_inputs if self.float_inputs is not None else tuple(n for n in inputs if n not in self.gates)
     return {n: x.astype(dtype) if n in names else x for n, x in inputs.items()}
+
+
+# check_op passes this multiple of the default K ** -0.5 as `scale`, to both sides: a backend (or a
+# front door) that drops the caller's scale and uses the default fails every check.
+SCALE_FACTOR = 0.8
+
+
+def scale_kwargs(case: OpCase, K: int) -> dict:
+  """The `scale` keyword check_op gives `case` (none for an op without one)."""
+  return dict(scale=SCALE_FACTOR * K ** -0.5) if case.scaled else {}
+
+
+def paired_leaves(got, want, what: str):
+  """The leaves of two state pytrees, paired after asserting that they have the same structure and
+  leaf shapes (zip alone would silently compare a prefix)."""
+  got_def, want_def = jax.tree_util.tree_structure(got), jax.tree_util.tree_structure(want)
+  assert got_def == want_def, f"{what}: structure {got_def}, expected {want_def}"
+  pairs = list(zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))
+  for i, (a, b) in enumerate(pairs):
+    assert a.shape == b.shape, f"{what}[{i}]: shape {a.shape}, expected {b.shape}"
+  return pairs
 
 
 def seed_of(*parts) -> int:
@@ -121,7 +143,7 @@ def run_op(case: OpCase, fn, inputs, state, cotangents, cu_seqlens, **kw):
     do, dS = cotangents
     val = jnp.sum(o.astype(F32) * do)
     if case.state_grad:
-      val += sum(jnp.sum(s * c) for s, c in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(dS)))
+      val += sum(jnp.sum(s * c) for s, c in paired_leaves(S, dS, "final_state"))
     return val, (o, S)
   (_, (o, S)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(inputs, state)
   return o, S, grads
@@ -129,7 +151,8 @@ def run_op(case: OpCase, fn, inputs, state, cotangents, cu_seqlens, **kw):
 
 def check_op(case: OpCase, *, T, H, K, V, dtype, backend="xla", kind="chunk", B=2, varlen=False,
              interpret=False, seed=None):
-  """Asserts that `backend` matches the float32 reference on o, final state and every gradient."""
+  """Asserts that `backend` matches the float32 reference on o, final state and every gradient,
+  both called with a non-default `scale` (scale_kwargs)."""
   dtype = jnp.dtype(dtype)
   rng = np.random.default_rng(seed if seed is not None else seed_of(case.name, T, H, K, V, str(dtype), backend, kind, varlen))
   cu = None
@@ -142,22 +165,27 @@ def check_op(case: OpCase, *, T, H, K, V, dtype, backend="xla", kind="chunk", B=
   do = normal(rng, *(case.out_shape(B, T, H, K, V) if case.out_shape else (B, T, H, V)))
   dS = tree_map(lambda s: normal(rng, *s.shape), state)  # the final state has the initial state's shape
   inputs = case.cast(inputs, dtype)  # the reference sees the same (rounded) values, upcast to float32
+  scale = scale_kwargs(case, K)
   o_ref, S_ref, g_ref = run_op(case, getattr(case, kind), case.cast(inputs, F32), state, (do, dS), cu,
-                               backend="reference")
+                               backend="reference", **scale)
   fn_kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
+  fn_kw.update(scale)
   o, S, grads = run_op(case, getattr(case, kind), inputs, state, (do, dS), cu, **fn_kw)
 
   errors = {"o": (rel_rms(o, o_ref), tolerance(dtype, "out"))}
   assert o.dtype == dtype, f"o has dtype {o.dtype}, expected the input dtype {dtype}"
-  for i, (s, r) in enumerate(zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_ref))):
+  assert o.shape == o_ref.shape, f"o has shape {o.shape}, expected {o_ref.shape}"
+  paired_leaves(S_ref, state, "reference final_state vs initial_state")
+  for i, (s, r) in enumerate(paired_leaves(S, S_ref, "final_state")):
     errors[f"final_state[{i}]"] = (rel_rms(s, r), tolerance(dtype, "out"))
   g_in, g_state = grads
   _, g_state_ref = g_ref
   for name in inputs:
     what = "gate_grad" if name in case.gates else "grad"
+    assert g_in[name].shape == inputs[name].shape, f"d{name} has shape {g_in[name].shape}"
     errors[f"d{name}"] = (rel_rms(g_in[name], g_ref[0][name]), tolerance(dtype, what))
   if case.state_grad:
-    for i, (s, r) in enumerate(zip(jax.tree_util.tree_leaves(g_state), jax.tree_util.tree_leaves(g_state_ref))):
+    for i, (s, r) in enumerate(paired_leaves(g_state, g_state_ref, "d_initial_state")):
       errors[f"d_initial_state[{i}]"] = (rel_rms(s, r), tolerance(dtype, "grad"))
   bad = {n: e for n, e in errors.items() if not e[0] < e[1]}  # NaN fails too
   assert not bad, f"{case.name}/{backend}/{kind} T={T} H={H} K={K} V={V} {dtype}: {bad}"
@@ -183,8 +211,33 @@ def check_decode_continuation(case: OpCase, *, T=100, split=70, H=2, K=32, V=32,
   o_steps = jnp.concatenate(outs, axis=1)
   tol = tolerance(dtype, "out")
   assert rel_rms(o_steps, o_full) < tol, rel_rms(o_steps, o_full)
-  for a, b in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_full)):
+  for a, b in paired_leaves(S, S_full, "decoded final_state"):
     assert rel_rms(a, b) < tol, rel_rms(a, b)
+
+
+def check_decode_vjp_matches_chunk(case: OpCase, *, backend="gpu", interpret=False, tol=1e-5):
+  """A decode kernel whose backward is `jax.vjp` of the float32 reference (common/gpu/
+  fused_recurrent.py, gla/gpu.py's recurrent) passes check_op by comparing the reference with
+  itself; here its gradients must equal the chunked kernels' own backward on the same inputs
+  (H = 2 with distinct gates, a non-default scale, varlen with two sequences)."""
+  rng = np.random.default_rng(seed_of("decode-vjp", case.name, backend))
+  T, H, K, V = 40, 2, 16, 16
+  x = case.make_inputs(rng, 1, T, H, K, V)
+  cu = jnp.asarray([0, 15, T], jnp.int32)
+  h0 = case.make_state(rng, 2, H, K, V)
+  do, dS = normal(rng, 1, T, H, V), normal(rng, 2, H, K, V)
+  kw = dict(backend=backend, interpret=interpret) if interpret else dict(backend=backend)
+
+  def grads(op):
+    def loss(xs, h):
+      o, S = op(*xs, initial_state=h, output_final_state=True, cu_seqlens=cu, scale=0.3, **kw)
+      return jnp.sum(o.astype(F32) * do) + jnp.sum(S * dS)
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(tuple(x.values()), h0)
+
+  (got, got_h0), (want, want_h0) = grads(case.fused_recurrent), grads(case.chunk)
+  errors = {f"d{n}": rel_rms(a, b) for n, a, b in zip(x, got, want)}
+  errors["d_initial_state"] = rel_rms(got_h0, want_h0)
+  assert all(e < tol for e in errors.values()), errors
 
 
 def check_varlen_matches_loop(case: OpCase, *, T=200, H=2, K=32, V=32, backend="xla", interpret=False):
@@ -202,15 +255,15 @@ def check_varlen_matches_loop(case: OpCase, *, T=200, H=2, K=32, V=32, backend="
     a, b = int(cu_np[n]), int(cu_np[n + 1])
     s_n = tree_map(lambda s: s[n:n + 1], state)
     if a == b:
-      for x, y in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(s_n)):
-        np.testing.assert_array_equal(x[n:n + 1], y)
+      for x, y in paired_leaves(tree_map(lambda s: s[n:n + 1], S), s_n, f"final_state of sequence {n}"):
+        np.testing.assert_array_equal(x, y)
       continue
     seq = {m: x if m in case.static_inputs else x[:, a:b] for m, x in inputs.items()}
     o_n, S_n = jax.jit(lambda xs, s: case.chunk(*xs, initial_state=s, output_final_state=True, **kw))(
         tuple(seq.values()), s_n)
     assert rel_rms(o[:, a:b], o_n) < 1e-5
-    for x, y in zip(jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_n)):
-      assert rel_rms(x[n:n + 1], y) < 1e-5
+    for x, y in paired_leaves(tree_map(lambda s: s[n:n + 1], S), S_n, f"final_state of sequence {n}"):
+      assert rel_rms(x, y) < 1e-5
 
 
 def check_agreement(case: OpCase, B, T, H, K, V, tol=1e-4):
@@ -220,11 +273,11 @@ def check_agreement(case: OpCase, B, T, H, K, V, tol=1e-4):
                 static_argnums=1)
   (o, S), (o_ref, S_ref) = run(tuple(inputs.values()), "xla"), run(tuple(inputs.values()), "reference")
   assert o.shape == (case.out_shape(B, T, H, K, V) if case.out_shape else (B, T, H, V))
-  leaves, leaves_ref = jax.tree_util.tree_leaves(S), jax.tree_util.tree_leaves(S_ref)
+  leaves = jax.tree_util.tree_leaves(S)
   state = jax.tree_util.tree_leaves(case.make_state(np.random.default_rng(0), B, H, K, V))
   assert [s.shape for s in leaves] == [s.shape for s in state] and all(s.dtype == F32 for s in leaves)
   assert rel_rms(o, o_ref) < tol
-  assert all(rel_rms(s, r) < tol for s, r in zip(leaves, leaves_ref))
+  assert all(rel_rms(s, r) < tol for s, r in paired_leaves(S, S_ref, "final_state"))
 
 
 def recurrence_float64(q, k, v, g, u, h0, scale):

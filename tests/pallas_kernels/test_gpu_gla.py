@@ -52,6 +52,11 @@ def test_fused_recurrent_interpret(case, T, H, K, V, dtype, varlen):
                    interpret=True, varlen=varlen)
 
 
+@pytest.mark.parametrize("case", [GLA, RWKV6], ids=lambda c: c.name)
+def test_decode_kernel_vjp_equals_chunk_kernel_vjp(case):
+  harness.check_decode_vjp_matches_chunk(case, interpret=True)
+
+
 def test_kernels_lower_to_triton():
   """Every kernel goes through Pallas' Triton lowering on CPU (jax.export for CUDA): catches
   constructs the lowering rejects before a GPU run; PTX compilation happens only on a GPU."""

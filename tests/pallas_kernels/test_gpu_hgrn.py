@@ -22,12 +22,12 @@ pytestmark = pytest.mark.slow
 # step), more chunks than the chunk loop unrolls (T = 1100: 18 chunks), and the decode path (T = 1:
 # one chunk of one token, no chunk loop).
 INTERPRET_CASES = [
-    (CASE, "chunk", 65, 1, 48, "bfloat16", False),
+    (CASE, "chunk", 65, 2, 48, "bfloat16", False),
     (CASE, "chunk", 150, 2, 40, "float32", True),
     (steep(CASE), "chunk", 65, 1, 48, "float32", False),
     (CASE, "chunk", 1100, 1, 16, "float32", False),
     (CASE, "fused_recurrent", 1, 2, 24, "float32", False),
-    (CASE, "fused_recurrent", 20, 1, 40, "bfloat16", True),
+    (CASE, "fused_recurrent", 20, 2, 40, "bfloat16", True),
 ]
 
 

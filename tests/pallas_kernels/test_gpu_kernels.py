@@ -20,10 +20,11 @@ from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, LINEAR_ATTN as
 
 pytestmark = pytest.mark.slow
 
-# (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen.
+# (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen,
+# H = 2 (each head its own gates: a kernel that reads another head's fails).
 INTERPRET_CASES = [
-    (65, 1, 100, 64, "bfloat16", False),
-    (150, 1, 16, 32, "float32", True),
+    (65, 2, 100, 64, "bfloat16", False),
+    (150, 2, 16, 32, "float32", True),
 ]
 
 
@@ -33,17 +34,19 @@ def test_gated_delta_rule_interpret(T, H, K, V, dtype, varlen):
 
 
 def test_delta_rule_interpret():
-  harness.check_op(DELTA, T=70, H=1, K=16, V=16, dtype="float32", backend="gpu", interpret=True)
+  harness.check_op(DELTA, T=70, H=2, K=16, V=16, dtype="float32", backend="gpu", interpret=True)
 
 
 def test_simple_gla_interpret():
-  harness.check_op(SGLA, T=100, H=1, K=64, V=100, dtype="bfloat16", backend="gpu", interpret=True)
+  harness.check_op(SGLA, T=100, H=2, K=64, V=100, dtype="bfloat16", backend="gpu", interpret=True)
+  harness.check_op(SGLA_G, T=80, H=2, K=16, V=16, dtype="float32", backend="gpu", interpret=True,
+                   varlen=True)
 
 
 # (case, T, H, K, V, dtype, varlen) of the families that run on simple GLA's chunked kernels
 ADAPTER_CASES = [
     (LINEAR, 70, 2, 32, 48, "float32", False),
-    (LINEAR_NORM, 65, 1, 16, 16, "bfloat16", True),
+    (LINEAR_NORM, 65, 2, 16, 16, "bfloat16", True),
     (RETENTION, 90, 3, 16, 32, "bfloat16", False),
 ]
 
@@ -56,11 +59,11 @@ def test_simple_gla_adapters_interpret(case, T, H, K, V, dtype, varlen):
 # (case, T, H, K, V, dtype, varlen) of the token-by-token (decode) kernel, common/gpu/fused_recurrent.py
 RECURRENT_CASES = [
     (GDN, 37, 2, 100, 48, "float32", False),
-    (GDN, 20, 1, 16, 40, "bfloat16", True),
-    (DELTA, 30, 1, 16, 16, "float32", False),
+    (GDN, 20, 2, 16, 40, "bfloat16", True),
+    (DELTA, 30, 2, 16, 16, "float32", False),
     (SGLA, 25, 2, 32, 64, "bfloat16", True),
     (LINEAR, 21, 2, 16, 32, "float32", True),
-    (LINEAR_NORM, 18, 1, 32, 16, "bfloat16", False),
+    (LINEAR_NORM, 18, 2, 32, 16, "bfloat16", False),
     (RETENTION, 23, 3, 16, 16, "float32", False),
 ]
 
@@ -69,6 +72,11 @@ RECURRENT_CASES = [
 def test_fused_recurrent_interpret(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu",
                    interpret=True, varlen=varlen)
+
+
+@pytest.mark.parametrize("case", [GDN, SGLA_G], ids=lambda c: c.name)
+def test_decode_kernel_vjp_equals_chunk_kernel_vjp(case):
+  harness.check_decode_vjp_matches_chunk(case, interpret=True)
 
 
 def test_kernels_lower_to_triton():
