@@ -34,7 +34,8 @@ def decode_matches_full(config):
   assert int(pos) == L
   assert float(jnp.std(full)) > 0.1  # a real signal, not a vanishing one
   err = float(jnp.max(jnp.abs(full - stepped)))
-  assert err < 2e-3, f"decode logits differ from the full forward by {err}"
+  # float32 on CPU: measured 1.6e-6 to 8.6e-6 over every mixer and the hybrid (mamba2 the largest).
+  assert err < 5e-5, f"decode logits differ from the full forward by {err}"
 
 
 @pytest.mark.parametrize("mixer", LINEAR_MIXERS + ("transformer",))
