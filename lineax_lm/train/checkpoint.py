@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 
 import grain
 import jax

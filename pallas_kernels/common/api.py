@@ -115,7 +115,7 @@ def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_f
   return o, S if output_final_state else None
 
 
-KINDS = {"chunk": ", chunked (training and prefill)", "fused_recurrent": ", token by token (decode)"}
+KIND_PHRASES = {"chunk": ", chunked (training and prefill)", "fused_recurrent": ", token by token (decode)"}
 
 
 def common_args(state: State = MATRIX, scale: bool = True) -> str:
@@ -137,4 +137,4 @@ def document(doc: str, *, state: State = MATRIX, scale: bool = True, **ops):
   """Sets the docstring of each op (keyword: its kind) to `doc` + `common_args`, with "{kind}"
   replaced by a phrase (", chunked (training and prefill)") and "{fla}" by the kind ("chunk")."""
   for kind, fn in ops.items():
-    fn.__doc__ = doc.replace("{kind}", KINDS[kind]).replace("{fla}", kind) + common_args(state, scale)
+    fn.__doc__ = doc.replace("{kind}", KIND_PHRASES[kind]).replace("{fla}", kind) + common_args(state, scale)
