@@ -7,11 +7,12 @@ decays do not factor out of the intra-chunk products, so both score matrices of 
   A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)   (j < i: the WY/UT system (I + A) U = ...)
   P_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)    (j <= i: the output's intra-chunk scores)
 
-are formed in 16-row sub-chunks (`_scores`): a block p of rows against the keys of earlier blocks
-is one dot with both sides taken relative to the block's first row r, exp(G_i - G_r) and
-exp(G_r - G_j), both <= 1; the diagonal 16 x 16 block goes key by key with the exponent masked
-before the exp. No exponent is ever positive, so any gate magnitude is safe without a lower bound on
-g (fla's KDA needs one: its issue #701). The backward takes the same factorisation in reverse.
+are formed in 16-row sub-chunks: a block p of rows against the keys of earlier blocks is one dot
+with both sides taken relative to the block's first row r, exp(G_i - G_r) and exp(G_r - G_j), both
+<= 1; the diagonal 16 x 16 block goes key by key, last to first, with its decays
+exp(G_i - G_j) = exp(G_i - G_{j+1}) exp(G_{j+1} - G_j) (`_diagonal_decay`). No exponent is ever
+positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue
+#701). The backward takes the same factorisation in reverse.
 
 forward
   1. `_wy_fwd`                grid (NT, B*H): A and P by sub-chunks, T = (I + A)^-1 (float32, by
@@ -60,8 +61,13 @@ def _masked_exp(mask, x):
   return jnp.exp(jnp.where(mask, x, _NEG))
 
 
-def _rows(ref, p):
-  return ref[pl.ds(p * SUB, SUB), :]
+def _diagonal_decay(g_ref, j, t, E, sub_row):
+  """exp(G_i - G_j) [16, K] for the rows i >= j of key j's 16-row block (j its row t; 0 above),
+  from E, the same of key j + 1: E exp(G_{j+1} - G_j), row t set to 1. The diagonal loops walk the block's keys last to
+  first, so each key costs one exp of a [K] row of (non-positive) decays, not of [16, K]."""
+  nxt = jnp.minimum(j + 1, g_ref.shape[0] - 1)  # the block's last key: E is all zero, any factor
+  step = jnp.exp(g_ref[nxt, :] - g_ref[j, :])[None, :]
+  return jnp.where(sub_row == t, 1.0, E * step)
 
 
 # --- 1. the sub-chunk scores and the WY/UT transform ----------------------------------------------
@@ -89,16 +95,18 @@ def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref
         A[p][q] = dot_nt(ka, kb, prec) * bs[p][:, None]
         P[p][q] = dot_nt(qa, kb, prec) * scale
 
-    def diagonal(t, carry, p=p, q32=q32, k32=k32):
-      Ad, Pd = carry
+    def diagonal(i, carry, p=p, q32=q32, k32=k32):
+      Ad, Pd, E = carry
+      t = SUB - 1 - i
       j = p * SUB + t
-      kE = k_ref[j, :].astype(F32)[None, :] * _masked_exp(sub_row >= t, Gs[p] - g_ref[j, :][None, :])
+      E = _diagonal_decay(g_ref, j, t, E, sub_row)
+      kE = k_ref[j, :].astype(F32)[None, :] * E
       Ad = jnp.where(col == t, jnp.sum(k32 * kE, axis=1)[:, None], Ad)
       Pd = jnp.where(col == t, jnp.sum(q32 * kE, axis=1)[:, None], Pd)
-      return Ad, Pd
+      return Ad, Pd, E
 
     zero = jnp.zeros((SUB, SUB), F32)
-    Ad, Pd = lax.fori_loop(0, SUB, diagonal, (zero, zero))
+    Ad, Pd, _ = lax.fori_loop(0, SUB, diagonal, (zero, zero, jnp.zeros((SUB, K), F32)))
     A[p][p] = jnp.where(iota((SUB, SUB), 0) > col, Ad, 0.0) * bs[p][:, None]
     P[p][p] = Pd * scale
   T = block_unit_lower_inverse(A, prec)
@@ -145,11 +153,10 @@ def _bwd_wy_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_
   C, K = k_ref.shape
   V = v_ref.shape[1]
   n = C // SUB
-  k = k_ref[...]
-  dt = k.dtype
+  dt = k_ref.dtype
   prec = precision(dt)
-  G, beta, Tc = g_ref[...], b_ref[...], t_ref[...]
-  kb = k.astype(F32) * (beta[:, None] * jnp.exp(G))      # w = T kb
+  beta, Tc = b_ref[...], t_ref[...]
+  kb = k_ref[...].astype(F32) * (beta[:, None] * jnp.exp(g_ref[...]))      # w = T kb
   dT = dot_nt(dw_ref[...], kb.astype(dt), prec)
   for j in range(V // bv):
     vs = pl.ds(j * bv, bv)
@@ -159,10 +166,7 @@ def _bwd_wy_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_
   TtdT = dot_tn(Tc, dT, prec).astype(dt)                # dA columns of block p: -TtdT T[p, :]^T
   tok_row, sub_row = iota((C, K), 0), iota((SUB, K), 0)
   row_c, col_c = iota((SUB, C), 0), iota((SUB, C), 1)
-  vn, do = vn_ref[...], do_ref[...]
-  q_all, k_all = q_ref[...].astype(F32), k.astype(F32)
-  bk_all = k_all * beta[:, None]
-  for p in range(n):
+  for p in range(n):  # (whole-chunk operands are loaded where used: fewer live registers)
     rows = pl.ds(p * SUB, SUB)
     r0, r1 = p * SUB, p * SUB + SUB - 1
     Tp = t_ref[:, rows]                                  # T[:, block p]: [C, 16]
@@ -177,31 +181,33 @@ def _bwd_wy_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_
     dbeta += jnp.sum(dkb * kp * e_G, axis=1)
     dG = dg1_ref[rows, :] + dkb * kp * (bp[:, None] * e_G)
     # this block's rows of dP (lower) and dA (strict lower)
-    dPp = jnp.where(col_c <= row_c + r0, dot_nt(do_ref[rows, :], vn, prec) * scale, 0.0)
+    dPp = jnp.where(col_c <= row_c + r0, dot_nt(do_ref[rows, :], vn_ref[...], prec) * scale, 0.0)
     dAp = jnp.where(col_c < row_c + r0, -dot_tn(Tp, dTTt, prec), 0.0)
     dq = jnp.zeros((SUB, K), F32)
     RA = jnp.zeros((SUB, K), F32)                        # sum_j dA_ij k_j exp(G_i - G_j)
     if p:  # row side, keys of earlier blocks relative to the first row r0
       g_r = g_ref[r0, :][None, :]
-      kr = (k_all * _masked_exp(tok_row < r0, g_r - G)).astype(dt)
+      kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
       e_p = jnp.exp(Gp - g_r)
       dq += dot(dPp.astype(dt), kr, prec) * e_p
       RA += dot(dAp.astype(dt), kr, prec) * e_p
     dkc = jnp.zeros((SUB, K), F32)                       # column side
     if p < n - 1:  # queries of later blocks relative to the last row r1
       g_e = g_ref[r1, :][None, :]
-      later = _masked_exp(tok_row > r1, G - g_e)
-      qa, ba = (q_all * later).astype(dt), (bk_all * later).astype(dt)
+      later = _masked_exp(tok_row > r1, g_ref[...] - g_e)
+      qa = (q_ref[...].astype(F32) * later).astype(dt)
+      ba = (k_ref[...].astype(F32) * (later * beta[:, None])).astype(dt)
       # this block's columns of dP and dA; `later` zeroes the rows they would need masked
-      dPc = dot_nt(do, vn_ref[rows, :], prec) * scale
+      dPc = dot_nt(do_ref[...], vn_ref[rows, :], prec) * scale
       dAc = -dot_nt(TtdT, t_ref[rows, :], prec)
       dkc += (dot_tn(dPc.astype(dt), qa, prec) + dot_tn(dAc.astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
     bq = kp * bp[:, None]
 
-    def diagonal(t, carry, p=p, q=q, kp=kp, bq=bq, Gp=Gp, dPp=dPp, dAp=dAp):
-      dq, RA, dkc = carry
+    def diagonal(i, carry, p=p, q=q, bq=bq, dPp=dPp, dAp=dAp):
+      dq, RA, dkc, E = carry
+      t = SUB - 1 - i
       j = p * SUB + t
-      E = _masked_exp(sub_row >= t, Gp - g_ref[j, :][None, :])
+      E = _diagonal_decay(g_ref, j, t, E, sub_row)
       aP = jnp.sum(jnp.where(col_c == j, dPp, 0.0), axis=1)[:, None] * E   # dP_ij exp(G_i - G_j)
       aA = jnp.sum(jnp.where(col_c == j, dAp, 0.0), axis=1)[:, None] * E
       k_j = k_ref[j, :].astype(F32)[None, :]
@@ -209,9 +215,9 @@ def _bwd_wy_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_
       RA += aA * k_j
       s = jnp.sum(aP * q + aA * bq, axis=0)[None, :]
       dkc += jnp.where(sub_row == t, s, 0.0)
-      return dq, RA, dkc
+      return dq, RA, dkc, E
 
-    dq, RA, dkc = lax.fori_loop(0, SUB, diagonal, (dq, RA, dkc))
+    dq, RA, dkc, _ = lax.fori_loop(0, SUB, diagonal, (dq, RA, dkc, jnp.zeros((SUB, K), F32)))
     dk += bp[:, None] * RA + dkc
     dbeta += jnp.sum(kp * RA, axis=1)
     dG += q * dq + bq * RA - kp * dkc
