@@ -40,14 +40,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, precision)
+                                                   dot_tn, iota, lower_mask, precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.kda import reference
 
@@ -61,13 +60,11 @@ def _masked_exp(mask, x):
   return jnp.exp(jnp.where(mask, x, _NEG))
 
 
-def _diagonal_decay(g_ref, j, t, E, sub_row):
-  """exp(G_i - G_j) [16, K] for the rows i >= j of key j's 16-row block (j its row t; 0 above),
-  from E, the same of key j + 1: E exp(G_{j+1} - G_j), row t set to 1. The diagonal loops walk the block's keys last to
-  first, so each key costs one exp of a [K] row of (non-positive) decays, not of [16, K]."""
-  nxt = jnp.minimum(j + 1, g_ref.shape[0] - 1)  # the block's last key: E is all zero, any factor
-  step = jnp.exp(g_ref[nxt, :] - g_ref[j, :])[None, :]
-  return jnp.where(sub_row == t, 1.0, E * step)
+def _diagonal_decays(G):
+  """exp(G_i - G_j) [16, 16, D] (i, j, channel) of a 16-row block's gates G [16, D], zero for j > i
+  (masked before the exp): the diagonal block of the scores, all pairs at once."""
+  causal = (iota((SUB, SUB), 0) >= iota((SUB, SUB), 1))[:, :, None]
+  return _masked_exp(causal, G[:, None, :] - G[None, :, :])
 
 
 # --- 1. the sub-chunk scores and the WY/UT transform ----------------------------------------------
@@ -81,33 +78,27 @@ def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref
   ks = [k_ref[r, :] for r in rows]
   Gs = [g_ref[r, :] for r in rows]
   bs = [b_ref[r] for r in rows]
-  sub_row, col = iota((SUB, K), 0), iota((SUB, SUB), 1)
   A = [[None] * n for _ in range(n)]
   P = [[None] * n for _ in range(n)]
   for p in range(n):
-    q32, k32 = q_ref[rows[p], :].astype(F32), ks[p].astype(F32)
     if p:  # the keys of blocks q < p, both sides relative to the block's first row r
       g_r = g_ref[p * SUB, :][None, :]
       e_p = jnp.exp(Gs[p] - g_r)
-      qa, ka = (q32 * e_p).astype(dt), (k32 * e_p).astype(dt)
+      qa = (q_ref[rows[p], :].astype(F32) * e_p).astype(dt)
+      ka = (ks[p].astype(F32) * e_p).astype(dt)
       for q in range(p):
         kb = (ks[q].astype(F32) * jnp.exp(g_r - Gs[q])).astype(dt)
         A[p][q] = dot_nt(ka, kb, prec) * bs[p][:, None]
         P[p][q] = dot_nt(qa, kb, prec) * scale
-
-    def diagonal(i, carry, p=p, q32=q32, k32=k32):
-      Ad, Pd, E = carry
-      t = SUB - 1 - i
-      j = p * SUB + t
-      E = _diagonal_decay(g_ref, j, t, E, sub_row)
-      kE = k_ref[j, :].astype(F32)[None, :] * E
-      Ad = jnp.where(col == t, jnp.sum(k32 * kE, axis=1)[:, None], Ad)
-      Pd = jnp.where(col == t, jnp.sum(q32 * kE, axis=1)[:, None], Pd)
-      return Ad, Pd, E
-
-    zero = jnp.zeros((SUB, SUB), F32)
-    Ad, Pd, _ = lax.fori_loop(0, SUB, diagonal, (zero, zero, jnp.zeros((SUB, K), F32)))
-    A[p][p] = jnp.where(iota((SUB, SUB), 0) > col, Ad, 0.0) * bs[p][:, None]
+    # the diagonal block, 16 key channels at a time: [16, 16, 16] products summed over channels
+    Ad = Pd = jnp.zeros((SUB, SUB), F32)
+    for c in range(K // SUB):
+      cs = pl.ds(c * SUB, SUB)
+      kc, qc = k_ref[rows[p], cs].astype(F32), q_ref[rows[p], cs].astype(F32)
+      kE = kc[None, :, :] * _diagonal_decays(g_ref[rows[p], cs])
+      Ad += jnp.sum(kc[:, None, :] * kE, axis=2)
+      Pd += jnp.sum(qc[:, None, :] * kE, axis=2)
+    A[p][p] = jnp.where(lower_mask(SUB, strict=True), Ad, 0.0) * bs[p][:, None]
     P[p][p] = Pd * scale
   T = block_unit_lower_inverse(A, prec)
   kb = [(ks[q].astype(F32) * (bs[q][:, None] * jnp.exp(Gs[q]))).astype(dt) for q in range(n)]
@@ -137,110 +128,125 @@ def _wy_fwd(q, k, v, G, beta, st: Static):
                st.cfg.warps_wy_channel, st.cfg.stages_chunk)(q, k, v, G, beta)
 
 
-# --- 6. back through the WY/UT transform and the sub-chunk scores ---------------------------------
+# --- 6a. back through the WY/UT transform ---------------------------------------------------------
 
-def _bwd_wy_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du_ref,
-                   dq1_ref, dk1_ref, dg1_ref, dq_ref, dk_ref, dv_ref, db_ref, dg_ref, *, scale, bv):
-  """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype); o's
-  intra-chunk part P v'. dq1, dk1, dg1: the state parts (chunk_dqk), float32.
-
-  The score gradients dA (strict lower) and dP (lower) are formed in 16-row blocks from refs (a
-  block of rows of T^T dT T^T is (T[:, block])^T (dT T^T), of columns (T^T dT) T[block, :]^T). For
-  a score matrix M_ij = sum_c a_ic b_jc exp(G_ic - G_jc) (P: a = scale q, A: a = beta k; b = k
-  for both) the row side sum_j dM_ij b_j exp(G_i - G_j) and the column side
-  sum_i dM_ij a_i exp(G_i - G_j) take the forward's factorisation: earlier (later) blocks relative
-  to the block's first (last) row, the diagonal block key by key."""
-  C, K = k_ref.shape
-  V = v_ref.shape[1]
-  n = C // SUB
-  dt = k_ref.dtype
+def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du_ref, dk1_ref,
+                   dg1_ref, dv_ref, db_ref, dk_ref, dg_ref, da_ref, dp_ref, *, scale, bv):
+  """w = T kb with kb = beta exp(G) k, u = T (beta v), T = (I + A)^-1 (the forward's, input
+  dtype): dv, dbeta's and dk's and dG's parts through w and u (added to the state parts dk1, dg1,
+  whose buffers the outputs reuse), and the score gradients for 6b, float32: dA = -T^T dT T^T
+  (strictly lower) and dP = scale do v'^T (lower)."""
+  C = CHUNK
+  k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
+  dt = k.dtype
   prec = precision(dt)
-  beta, Tc = b_ref[...], t_ref[...]
-  kb = k_ref[...].astype(F32) * (beta[:, None] * jnp.exp(g_ref[...]))      # w = T kb
-  dT = dot_nt(dw_ref[...], kb.astype(dt), prec)
+  V = v_ref.shape[1]
+  dT = dP = jnp.zeros((C, C), F32)
+  dbeta = jnp.zeros((C,), F32)
   for j in range(V // bv):
     vs = pl.ds(j * bv, bv)
-    dT += dot_nt(du_ref[:, vs], (v_ref[:, vs].astype(F32) * beta[:, None]).astype(dt), prec)
-  dT = dT.astype(dt)
-  dTTt = dot_nt(dT, Tc, prec).astype(dt)                # dA rows of block p: -T[:, p]^T dTTt
-  TtdT = dot_tn(Tc, dT, prec).astype(dt)                # dA columns of block p: -TtdT T[p, :]^T
-  tok_row, sub_row = iota((C, K), 0), iota((SUB, K), 0)
-  row_c, col_c = iota((SUB, C), 0), iota((SUB, C), 1)
-  for p in range(n):  # (whole-chunk operands are loaded where used: fewer live registers)
-    rows = pl.ds(p * SUB, SUB)
-    r0, r1 = p * SUB, p * SUB + SUB - 1
-    Tp = t_ref[:, rows]                                  # T[:, block p]: [C, 16]
-    q, kp, Gp, bp = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :], b_ref[rows]
-    # the WY part of this block's rows
-    dvb = dot_tn(Tp, du_ref[...], prec)                  # (T^T du)[block p]: [16, V]
-    dv_ref[rows, :] = (dvb * bp[:, None]).astype(dv_ref.dtype)
-    dbeta = jnp.sum(dvb * v_ref[rows, :].astype(F32), axis=1)
-    dkb = dot_tn(Tp, dw_ref[...], prec)                  # (T^T dw)[block p]: [16, K]
-    e_G = jnp.exp(Gp)
-    dk = dk1_ref[rows, :] + dkb * (bp[:, None] * e_G)
-    dbeta += jnp.sum(dkb * kp * e_G, axis=1)
-    dG = dg1_ref[rows, :] + dkb * kp * (bp[:, None] * e_G)
-    # this block's rows of dP (lower) and dA (strict lower)
-    dPp = jnp.where(col_c <= row_c + r0, dot_nt(do_ref[rows, :], vn_ref[...], prec) * scale, 0.0)
-    dAp = jnp.where(col_c < row_c + r0, -dot_tn(Tp, dTTt, prec), 0.0)
-    dq = jnp.zeros((SUB, K), F32)
-    RA = jnp.zeros((SUB, K), F32)                        # sum_j dA_ij k_j exp(G_i - G_j)
-    if p:  # row side, keys of earlier blocks relative to the first row r0
-      g_r = g_ref[r0, :][None, :]
-      kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
-      e_p = jnp.exp(Gp - g_r)
-      dq += dot(dPp.astype(dt), kr, prec) * e_p
-      RA += dot(dAp.astype(dt), kr, prec) * e_p
-    dkc = jnp.zeros((SUB, K), F32)                       # column side
-    if p < n - 1:  # queries of later blocks relative to the last row r1
-      g_e = g_ref[r1, :][None, :]
-      later = _masked_exp(tok_row > r1, g_ref[...] - g_e)
-      qa = (q_ref[...].astype(F32) * later).astype(dt)
-      ba = (k_ref[...].astype(F32) * (later * beta[:, None])).astype(dt)
-      # this block's columns of dP and dA; `later` zeroes the rows they would need masked
-      dPc = dot_nt(do_ref[...], vn_ref[rows, :], prec) * scale
-      dAc = -dot_nt(TtdT, t_ref[rows, :], prec)
-      dkc += (dot_tn(dPc.astype(dt), qa, prec) + dot_tn(dAc.astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
-    bq = kp * bp[:, None]
-
-    def diagonal(i, carry, p=p, q=q, bq=bq, dPp=dPp, dAp=dAp):
-      dq, RA, dkc, E = carry
-      t = SUB - 1 - i
-      j = p * SUB + t
-      E = _diagonal_decay(g_ref, j, t, E, sub_row)
-      aP = jnp.sum(jnp.where(col_c == j, dPp, 0.0), axis=1)[:, None] * E   # dP_ij exp(G_i - G_j)
-      aA = jnp.sum(jnp.where(col_c == j, dAp, 0.0), axis=1)[:, None] * E
-      k_j = k_ref[j, :].astype(F32)[None, :]
-      dq += aP * k_j
-      RA += aA * k_j
-      s = jnp.sum(aP * q + aA * bq, axis=0)[None, :]
-      dkc += jnp.where(sub_row == t, s, 0.0)
-      return dq, RA, dkc, E
-
-    dq, RA, dkc, _ = lax.fori_loop(0, SUB, diagonal, (dq, RA, dkc, jnp.zeros((SUB, K), F32)))
-    dk += bp[:, None] * RA + dkc
-    dbeta += jnp.sum(kp * RA, axis=1)
-    dG += q * dq + bq * RA - kp * dkc
-    dq_ref[rows, :] = (dq1_ref[rows, :] + dq).astype(dq_ref.dtype)
-    dk_ref[rows, :] = dk.astype(dk_ref.dtype)
-    db_ref[rows] = dbeta
-    dg_ref[rows, :] = dG
+    du, v = du_ref[:, vs], v_ref[:, vs]
+    dvb = dot_tn(Tc, du, prec)                        # T^T du
+    dv_ref[:, vs] = scale_rows(dvb, beta).astype(dv_ref.dtype)
+    dbeta += jnp.sum(dvb * v.astype(F32), axis=1)
+    dT += dot_nt(du, scale_rows(v, beta, dt), prec)
+    dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
+  e_G = jnp.exp(G)
+  kb = k.astype(F32) * (beta[:, None] * e_G)
+  dw = dw_ref[...]
+  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
+  dT += dot_nt(dw, kb.astype(dt), prec)
+  dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
+  da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0)
+  dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0)
+  db_ref[...] = dbeta + jnp.sum(dkb * k.astype(F32) * e_G, axis=1)
+  dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * e_G)
+  dg_ref[...] = dg1_ref[...] + dkb * kb
 
 
-def _bwd_wy(q, k, v, G, beta, Tinv, do, vn, dw, du, dq1, dk1, dG1, st: Static):
+def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
+  """Returns dv (input dtype), dbeta's WY part [B, H, T], dk and dG with their WY parts added (in
+  dk1's and dG1's buffers, float32) and the score gradients dA, dP [B, T, H, C] (float32)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_bwd_wy_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
-  tok_k, tok_v = sp.chunk_tok(K), sp.chunk_tok(V)
+  tok_k, tok_v, rows = sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)
+  scores = sds((B, T, H, CHUNK), F32)
   return launch(kern, (sp.NT, B * H),
-               [tok_k, tok_k, tok_v, sp.chunk_gate(K), sp.chunk_gate(), sp.chunk_tok(CHUNK),
-                tok_v, tok_v, tok_k, tok_v, tok_k, tok_k, tok_k],
-               [tok_k, tok_k, tok_v, sp.chunk_gate(), tok_k],
-               [sds(q.shape, q.dtype), sds(k.shape, k.dtype), sds(v.shape, v.dtype),
-                sds(beta.shape, F32), sds(G.shape, F32)],
-               st, st.cfg.warps_wy_channel_bwd, st.cfg.stages_chunk)(
-                   q, k, v, G, beta, Tinv, do, vn, dw, du, dq1, dk1, dG1)
+               [tok_k, tok_v, sp.chunk_gate(K), sp.chunk_gate(), rows, tok_v, tok_v, tok_k, tok_v,
+                tok_k, tok_k],
+               [tok_v, sp.chunk_gate(), tok_k, tok_k, rows, rows],
+               [sds(v.shape, v.dtype), sds(beta.shape, F32), sds(k.shape, F32), sds(G.shape, F32),
+                scores, scores],
+               st, st.cfg.warps_wy_channel_bwd, st.cfg.stages_chunk, aliases={9: 2, 10: 3})(
+                   k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1)
+
+
+# --- 6b. back through the sub-chunk scores ---------------------------------------------------------
+
+def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_ref, dgw_ref,
+                       dq_ref, dk_ref, dg_ref, db_ref):
+  """One chunk and key tile. A score matrix M_ij = sum_c a_ic b_jc exp(G_ic - G_jc) (P: a = q with
+  the scale in dP; A: a = beta k; b = k for both) sends its gradient dM to the row side
+  sum_j dM_ij b_j exp(G_i - G_j) (dq; RA, A's, which gives dk and dbeta) and to the column side
+  sum_i dM_ij a_i exp(G_i - G_j) (dk), in the forward's factorisation: per 16-row block, the
+  earlier (later) blocks through dots relative to its first (last) row, the diagonal block as
+  [16, 16, BK] products. Exact per channel, so dq, dk and dG are final; dbeta is this tile's part."""
+  C, BK = k_ref.shape
+  n = C // SUB
+  dt = q_ref.dtype
+  prec = precision(dt)
+  tok_row = iota((C, BK), 0)
+  for p in range(n):
+    rows = pl.ds(p * SUB, SUB)
+    r0, r1 = p * SUB, p * SUB + SUB - 1
+    q, kp, Gp, bp = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :], b_ref[rows]
+    bq = kp * bp[:, None]
+    dq = RA = dkc = jnp.zeros((SUB, BK), F32)
+    if p:  # row side, the keys of earlier blocks relative to the first row r0
+      g_r = g_ref[r0, :][None, :]
+      kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
+      e_p = jnp.exp(Gp - g_r)
+      dq = dot(dp_ref[rows, :].astype(dt), kr, prec) * e_p
+      RA = dot(da_ref[rows, :].astype(dt), kr, prec) * e_p
+    if p < n - 1:  # column side, the queries of later blocks relative to the last row r1
+      g_e = g_ref[r1, :][None, :]
+      later = _masked_exp(tok_row > r1, g_ref[...] - g_e)
+      qa = (q_ref[...].astype(F32) * later).astype(dt)
+      ba = (k_ref[...].astype(F32) * (later * b_ref[...][:, None])).astype(dt)
+      dkc = (dot_tn(dp_ref[:, rows].astype(dt), qa, prec)
+             + dot_tn(da_ref[:, rows].astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
+    E = _diagonal_decays(Gp)                             # [i, j, channel]
+    XP = dp_ref[rows, rows][:, :, None] * E              # dP_ij exp(G_i - G_j)
+    XA = da_ref[rows, rows][:, :, None] * E
+    dq += jnp.sum(XP * kp[None, :, :], axis=1)
+    RA += jnp.sum(XA * kp[None, :, :], axis=1)
+    dkc += jnp.sum(XP * q[:, None, :] + XA * bq[:, None, :], axis=0)
+    dq_ref[rows, :] = (dq1_ref[rows, :] + dq).astype(dq_ref.dtype)
+    dk_ref[rows, :] = (dkw_ref[rows, :] + bp[:, None] * RA + dkc).astype(dk_ref.dtype)
+    db_ref[rows] = jnp.sum(kp * RA, axis=1)
+    dg_ref[rows, :] = dgw_ref[rows, :] + q * dq + bq * RA - kp * dkc
+
+
+def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
+  """Returns dq, dk (input dtype), dG [B, T, H, K] and dbeta's score part [B, H, T] (float32)."""
+  B, T, H, K = q.shape
+  BK = min(st.cfg.bk_scores, K)
+  NK = K // BK
+  C = CHUNK
+  tile = pl.BlockSpec((None, C, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik))
+  rows = pl.BlockSpec((None, C, None, C), lambda ik, n, bh: (bh // H, n, bh % H, 0))
+  gate = pl.BlockSpec((None, None, C), lambda ik, n, bh: (bh // H, bh % H, n))
+  dgate = pl.BlockSpec((None, None, None, C), lambda ik, n, bh: (ik, bh // H, bh % H, n))
+  dq, dk, dG, db = launch(_bwd_scores_kernel, (NK, T // C, B * H),
+                          [tile, tile, tile, gate, rows, rows, tile, tile, tile],
+                          [tile, tile, tile, dgate],
+                          [sds(q.shape, q.dtype), sds(k.shape, k.dtype), sds(G.shape, F32),
+                           sds((NK, *beta.shape), F32)],
+                          st, st.cfg.warps_scores, st.cfg.stages_chunk)(
+                              q, k, G, beta, dA, dP, dq1, dkw, dGw)
+  return dq, dk, dG, jnp.sum(db, axis=0)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------
@@ -266,7 +272,9 @@ def _chunk_kda_bwd(st, res, cts):
   h, vn = chunk_state.state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
   dh, dvn, dh0 = chunk_dh.dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st, scores=P)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)
-  dq, dk, dv, dbeta, dG = _bwd_wy(q, k, v, G, beta, Tinv, do, vn, dw, dvn, dq, dk, dG, st)
+  dv, dbeta, dk, dG, dA, dP = _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, dvn, dk, dG, st)
+  dq, dk, dG, dbeta_scores = _bwd_scores(q, k, G, beta, dA, dP, dq, dk, dG, st)
+  dbeta = dbeta + dbeta_scores
   dg = chunk_cumsum(dG, CHUNK, reverse=True, axis=1)
   return dq, dk, dv, dg, dbeta, dh0, None, None
 

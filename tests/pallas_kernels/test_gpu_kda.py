@@ -57,8 +57,8 @@ def test_kernels_lower_to_triton():
        sd(B, T, H, dt=jnp.float32))
   cu = sd(3, dt=jnp.int32)
   loss = lambda *a: jnp.sum(KDA.chunk(*a[:5], cu_seqlens=a[5], backend="gpu")[0].astype(jnp.float32))
-  ops = {  # the gradient alone needs no forward state pass (o is not a residual): 1 + 4 kernels
-      "chunk varlen fwd+bwd": (lambda *a: jax.grad(loss, argnums=tuple(range(5)))(*a), 5),
+  ops = {  # the gradient alone needs no forward state pass (o is not a residual): 1 + 5 kernels
+      "chunk varlen fwd+bwd": (lambda *a: jax.grad(loss, argnums=tuple(range(5)))(*a), 6),
       "recurrent varlen": (lambda *a: KDA.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"), 1),
   }
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]

@@ -22,6 +22,8 @@ class Config(NamedTuple):
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   warps_wy_channel: int = 4      # the per-channel-gate WY/UT kernels (kda/gpu.py): forward
   warps_wy_channel_bwd: int = 8  # and backward
+  bk_scores: int = 16     # key tile (grid axis) of the per-channel score-gradient kernel
+  warps_scores: int = 4
 
 
 DEFAULT = Config()
