@@ -192,13 +192,16 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   sum_j dM_ij b_j exp(G_i - G_j) (dq; RA, A's, which gives dk and dbeta) and to the column side
   sum_i dM_ij a_i exp(G_i - G_j) (dk), in the forward's factorisation: per 16-row block, the
   earlier (later) blocks through dots relative to its first (last) row, the diagonal block as
-  [16, 16, BK] products. Exact per channel, so dq, dk and dG are final; dbeta is this tile's part."""
+  [16, 16, BK] products. Exact per channel, so dq and dk are final, and dg, the reverse chunk-local
+  cumsum of dG (the blocks go last to first, `later_dG` carrying the sum of the blocks after); dbeta
+  is this tile's part."""
   C, BK = k_ref.shape
   n = C // SUB
   dt = q_ref.dtype
   prec = precision(dt)
   tok_row = iota((C, BK), 0)
-  for p in range(n):
+  later_dG = jnp.zeros((1, BK), F32)
+  for p in reversed(range(n)):
     rows = pl.ds(p * SUB, SUB)
     r0, r1 = p * SUB, p * SUB + SUB - 1
     q, kp, Gp, bp = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :], b_ref[rows]
@@ -212,9 +215,9 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
       RA = dot(da_ref[rows, :].astype(dt), kr, prec) * e_p
     if p < n - 1:  # column side, the queries of later blocks relative to the last row r1
       g_e = g_ref[r1, :][None, :]
-      later = _masked_exp(tok_row > r1, g_ref[...] - g_e)
-      qa = (q_ref[...].astype(F32) * later).astype(dt)
-      ba = (k_ref[...].astype(F32) * (later * b_ref[...][:, None])).astype(dt)
+      after = _masked_exp(tok_row > r1, g_ref[...] - g_e)
+      qa = (q_ref[...].astype(F32) * after).astype(dt)
+      ba = (k_ref[...].astype(F32) * (after * b_ref[...][:, None])).astype(dt)
       dkc = (dot_tn(dp_ref[:, rows].astype(dt), qa, prec)
              + dot_tn(da_ref[:, rows].astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
     E = _diagonal_decays(Gp)                             # [i, j, channel]
@@ -226,11 +229,15 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
     dq_ref[rows, :] = (dq1_ref[rows, :] + dq).astype(dq_ref.dtype)
     dk_ref[rows, :] = (dkw_ref[rows, :] + bp[:, None] * RA + dkc).astype(dk_ref.dtype)
     db_ref[rows] = jnp.sum(kp * RA, axis=1)
-    dg_ref[rows, :] = dgw_ref[rows, :] + q * dq + bq * RA - kp * dkc
+    dG = dgw_ref[rows, :] + q * dq + bq * RA - kp * dkc
+    total = jnp.sum(dG, axis=0)[None, :]
+    dg_ref[rows, :] = later_dG + total - jnp.cumsum(dG, axis=0) + dG
+    later_dG = later_dG + total
 
 
 def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
-  """Returns dq, dk (input dtype), dG [B, T, H, K] and dbeta's score part [B, H, T] (float32)."""
+  """Returns dq, dk (input dtype), dg [B, T, H, K] (the gradient of the raw gate) and dbeta's score
+  part [B, H, T] (float32)."""
   B, T, H, K = q.shape
   BK = min(st.cfg.bk_scores, K)
   NK = K // BK
@@ -273,9 +280,8 @@ def _chunk_kda_bwd(st, res, cts):
   dh, dvn, dh0 = chunk_dh.dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st, scores=P)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)
   dv, dbeta, dk, dG, dA, dP = _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, dvn, dk, dG, st)
-  dq, dk, dG, dbeta_scores = _bwd_scores(q, k, G, beta, dA, dP, dq, dk, dG, st)
+  dq, dk, dg, dbeta_scores = _bwd_scores(q, k, G, beta, dA, dP, dq, dk, dG, st)
   dbeta = dbeta + dbeta_scores
-  dg = chunk_cumsum(dG, CHUNK, reverse=True, axis=1)
   return dq, dk, dv, dg, dbeta, dh0, None, None
 
 
