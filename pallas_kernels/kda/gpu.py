@@ -17,18 +17,21 @@ positive, so any gate magnitude is safe without a lower bound on g (fla's KDA ne
 forward
   1. `_wy_fwd`                grid (NT, B*H): A and P by sub-chunks, T = (I + A)^-1 (float32, by
                               common/gpu/kernel_math's block inverse), w = T (beta exp(G) k),
-                              u = T (beta v); T and P stored in the input dtype for the backward.
-  2. `chunk_state.state_pass` (per-channel gates, P given): v' = u - w S;
-                              o = scale (exp(G) q) S + P v';
-                              S = diag(exp(G_C)) S + (exp(G_C - G) k)^T v'.
-backward (residuals: the inputs, w, u, T and P; the states are recomputed)
+                              u = T (beta v), and the gated qg = scale exp(G) q, kg = exp(G_C - G) k
+                              the state passes read (their serial loops then do no [C, K] exps);
+                              all in the input dtype.
+  2. `chunk_state.state_pass` (per-channel gates, P given): v' = u - w S;  o = qg S + P v';
+                              S = diag(exp(G_C)) S + kg^T v'.
+backward (residuals: the inputs, w, u, T, P, qg and kg; the states are recomputed)
   3. `chunk_state.state_pass` the chunk-start states h and v'.
-  4. `chunk_dh.dh_pass`       dh, dv' = P^T do + exp(G_C - G) k dh, d initial_state.
+  4. `chunk_dh.dh_pass`       dh, dv' = P^T do + kg dh, d initial_state.
   5. `chunk_dqk.dqk_pass`     the state parts of dq, dk and dG, and dw = -dv' h^T.
-  6. `_bwd_wy`                grid (NT, B*H), per 16-row block: back through w, u and T
-                              (dA = -T^T dT T^T) and through A and P by sub-chunks (dP = scale
-                              do v'^T): the rest of dq, dk and dG, dv and dbeta; dg is the reverse
-                              chunk-local cumsum of dG.
+  6a. `_bwd_wy`               grid (NT, B*H): back through w, u and T: dv, dbeta's and dk's and
+                              dG's parts, and the score gradients dA = -T^T dT T^T (strictly lower)
+                              and dP = scale do v'^T (lower), float32 in HBM.
+  6b. `_bwd_scores`           grid (K/16, NT, B*H): back through A and P by sub-chunks (their row
+                              and column blocks read from refs): the rest of dq, dk, dbeta, and dg,
+                              the reverse chunk-local cumsum of dG.
 
 Supported as the gated delta rule's kernels (common/gpu/layout.py's `run_chunked`): any B, T, H;
 K and V up to 256 (a wider V as slices); bf16, f16 and f32; initial / final state and cu_seqlens.
@@ -69,7 +72,8 @@ def _diagonal_decays(G):
 
 # --- 1. the sub-chunk scores and the WY/UT transform ----------------------------------------------
 
-def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref, *, scale):
+def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref, qg_ref, kg_ref, *,
+                   scale):
   C, K = k_ref.shape
   n = C // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
@@ -80,7 +84,11 @@ def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref
   bs = [b_ref[r] for r in rows]
   A = [[None] * n for _ in range(n)]
   P = [[None] * n for _ in range(n)]
+  g_end = g_ref[C - 1, :][None, :]
   for p in range(n):
+    # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
+    qg_ref[rows[p], :] = (q_ref[rows[p], :].astype(F32) * (jnp.exp(Gs[p]) * scale)).astype(dt)
+    kg_ref[rows[p], :] = (ks[p].astype(F32) * jnp.exp(g_end - Gs[p])).astype(dt)
     if p:  # the keys of blocks q < p, both sides relative to the block's first row r
       g_r = g_ref[p * SUB, :][None, :]
       e_p = jnp.exp(Gs[p] - g_r)
@@ -114,8 +122,8 @@ def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref
 
 
 def _wy_fwd(q, k, v, G, beta, st: Static):
-  """Returns w [B, T, H, K], u [B, T, H, V], the chunk inverses T and the scores P
-  [B, T, H, C] (all in the input dtype)."""
+  """Returns w [B, T, H, K], u [B, T, H, V], the chunk inverses T and the scores P [B, T, H, C],
+  and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (all in the input dtype)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
@@ -123,8 +131,10 @@ def _wy_fwd(q, k, v, G, beta, st: Static):
   chunk_rows = sds((B, T, H, CHUNK), k.dtype)
   return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(K), sp.chunk_gate()],
-               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK), sp.chunk_tok(CHUNK)],
-               [sds(k.shape, k.dtype), sds(v.shape, k.dtype), chunk_rows, chunk_rows], st,
+               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK), sp.chunk_tok(CHUNK),
+                sp.chunk_tok(K), sp.chunk_tok(K)],
+               [sds(k.shape, k.dtype), sds(v.shape, k.dtype), chunk_rows, chunk_rows,
+                sds(k.shape, k.dtype), sds(k.shape, k.dtype)], st,
                st.cfg.warps_wy_channel, st.cfg.stages_chunk)(q, k, v, G, beta)
 
 
@@ -267,17 +277,17 @@ def _chunk_kda(st: Static, q, k, v, g, beta, h0, starts, ends):
 
 def _chunk_kda_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK, axis=1)
-  w, u, Tinv, P = _wy_fwd(q, k, v, G, beta, st)
-  o, ht = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
-  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, starts, ends)
+  w, u, Tinv, P, qg, kg = _wy_fwd(q, k, v, G, beta, st)
+  o, ht = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
+  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends)
 
 
 def _chunk_kda_bwd(st, res, cts):
-  q, k, v, G, beta, h0, w, u, Tinv, P, starts, ends = res
+  q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  h, vn = chunk_state.state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
-  dh, dvn, dh0 = chunk_dh.dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st, scores=P)
+  h, vn = chunk_state.state_pass(None, kg, w, u, G, h0, starts, ends, st, want_o=False)
+  dh, dvn, dh0 = chunk_dh.dh_pass(qg, kg, w, do, G, dht.astype(F32), starts, ends, st, scores=P)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)
   dv, dbeta, dk, dG, dA, dP = _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, dvn, dk, dG, st)
   dq, dk, dg, dbeta_scores = _bwd_scores(q, k, G, beta, dA, dP, dq, dk, dG, st)

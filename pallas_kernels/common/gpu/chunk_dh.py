@@ -5,8 +5,9 @@
   dv'  = P^T do + exp(G_C - G) k dS
   dS  <- exp(G_C) dS + (scale exp(G) q)^T do  [- w^T dv' for the delta rule]
 
-Scalar gates G [C] or per-channel gates G [C, K] as in chunk_state.py; the per-channel path reads
-the forward's intra-chunk scores P instead of forming them.
+Scalar gates G [C] or per-channel gates G [C, K] as in chunk_state.py; the per-channel path takes q
+and k gated (scale exp(G) q, exp(G_C - G) k) and reads the forward's intra-chunk scores P instead
+of forming them.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
-                                                   dot_tn, gate_rows, precision, state_at_flag,
+                                                   dot_tn, precision, scale_rows, state_at_flag,
                                                    store_at_flag)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds
 
@@ -45,14 +46,21 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
     if is_varlen:
       dS = state_at_flag(ends_ref, c, dht_ref, dS)
     dh_ref[c] = dS.astype(dh_ref.dtype)
-    G, g_last = chunk_gates(g_ref, t0, C)
     q, k, do = q_ref[sl, :], k_ref[sl, :], do_ref[sl, :]
-    P = p_ref[sl, :] if given_scores else (dot_nt(q, k, prec) * (decay(G) * scale)).astype(dt)
-    dvn = (dot_tn(P, do, prec)
-           + dot(gate_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
+    if given_scores:  # q, k gated
+      g_last = g_ref[t0 + C - 1, :]
+      dvn = dot_tn(p_ref[sl, :], do, prec) + dot(k, dS.astype(dt), prec)
+    else:
+      G, g_last = chunk_gates(g_ref, t0, C)
+      P = dot_nt(q, k, prec) * (decay(G) * scale)
+      dvn = (dot_tn(P.astype(dt), do, prec)
+             + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
-    dS = decay_state(dS, g_last) + dot_tn(gate_rows(q, jnp.exp(G) * scale, dt), do, prec)
+    if given_scores:
+      dS = decay_state(dS, g_last) + dot_tn(q, do, prec)
+    else:
+      dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
     if delta:
       dS -= dot_tn(w_ref[sl, :], dvn_c, prec)
     if is_varlen:
@@ -67,9 +75,9 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
 
 def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   """Padded inputs as `chunk_state.state_pass` (w None without the delta correction; per-channel
-  gates G [B, T, H, K] with the forward's `scores`), do the output gradient, dht [N, H, K, V]
-  float32 the final-state gradient. Returns dh [B, NT, H, K, V], dv' [B, T, H, V] (input dtype) and
-  d initial_state (float32)."""
+  gates G [B, T, H, K] with q, k gated and the forward's `scores`), do the output gradient, dht
+  [N, H, K, V] float32 the final-state gradient. Returns dh [B, NT, H, K, V], dv' [B, T, H, V]
+  (input dtype) and d initial_state (float32)."""
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
   BV = min(st.cfg.bv_state, V)

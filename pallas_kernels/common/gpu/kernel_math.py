@@ -60,15 +60,6 @@ def scale_rows(x, s, dtype=None):
   return y if dtype is None else y.astype(dtype)
 
 
-def gate_rows(x, s, dtype=None):
-  """x [C, D] times gate factors s in float32, optionally cast to `dtype` (a matmul operand): s [C]
-  scales rows (a scalar gate per token: `scale_rows`), s [C, D] entries (a per-channel gate)."""
-  if s.ndim == 1:
-    return scale_rows(x, s, dtype)
-  y = x.astype(F32) * s
-  return y if dtype is None else y.astype(dtype)
-
-
 def decay_state(S, g_last):
   """The state S [K, BV] decayed by exp(g_last): g_last a scalar, or [K] (one decay per key row)."""
   d = jnp.exp(g_last)
