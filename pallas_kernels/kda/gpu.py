@@ -43,14 +43,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, lower_mask, precision, scale_rows)
+                                                   dot_tn, iota, lower_mask, precision)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
+from pallas_kernels.gated_delta_rule.gpu import back_through_u
 from pallas_kernels.kda import reference
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
@@ -99,13 +101,16 @@ def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref
         A[p][q] = dot_nt(ka, kb, prec) * bs[p][:, None]
         P[p][q] = dot_nt(qa, kb, prec) * scale
     # the diagonal block, 16 key channels at a time: [16, 16, 16] products summed over channels
-    Ad = Pd = jnp.zeros((SUB, SUB), F32)
-    for c in range(K // SUB):
-      cs = pl.ds(c * SUB, SUB)
-      kc, qc = k_ref[rows[p], cs].astype(F32), q_ref[rows[p], cs].astype(F32)
-      kE = kc[None, :, :] * _diagonal_decays(g_ref[rows[p], cs])
-      Ad += jnp.sum(kc[:, None, :] * kE, axis=2)
-      Pd += jnp.sum(qc[:, None, :] * kE, axis=2)
+    # (a loop, not unrolled: one copy of the 3-D code per block keeps the Triton compile short)
+    def diagonal(c, carry, rows=rows[p]):
+      Ad, Pd = carry
+      cs = pl.ds(pl.multiple_of(c * SUB, SUB), SUB)
+      kc, qc = k_ref[rows, cs].astype(F32), q_ref[rows, cs].astype(F32)
+      kE = kc[None, :, :] * _diagonal_decays(g_ref[rows, cs])
+      return (Ad + jnp.sum(kc[:, None, :] * kE, axis=2), Pd + jnp.sum(qc[:, None, :] * kE, axis=2))
+
+    zero = jnp.zeros((SUB, SUB), F32)
+    Ad, Pd = lax.fori_loop(0, K // SUB, diagonal, (zero, zero))
     A[p][p] = jnp.where(lower_mask(SUB, strict=True), Ad, 0.0) * bs[p][:, None]
     P[p][p] = Pd * scale
   T = block_unit_lower_inverse(A, prec)
@@ -150,16 +155,10 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du
   k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
   dt = k.dtype
   prec = precision(dt)
-  V = v_ref.shape[1]
-  dT = dP = jnp.zeros((C, C), F32)
-  dbeta = jnp.zeros((C,), F32)
-  for j in range(V // bv):
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
+  dP = jnp.zeros((C, C), F32)
+  for j in range(v_ref.shape[1] // bv):
     vs = pl.ds(j * bv, bv)
-    du, v = du_ref[:, vs], v_ref[:, vs]
-    dvb = dot_tn(Tc, du, prec)                        # T^T du
-    dv_ref[:, vs] = scale_rows(dvb, beta).astype(dv_ref.dtype)
-    dbeta += jnp.sum(dvb * v.astype(F32), axis=1)
-    dT += dot_nt(du, scale_rows(v, beta, dt), prec)
     dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
   e_G = jnp.exp(G)
   kb = k.astype(F32) * (beta[:, None] * e_G)
@@ -210,26 +209,29 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   dt = q_ref.dtype
   prec = precision(dt)
   tok_row = iota((C, BK), 0)
-  later_dG = jnp.zeros((1, BK), F32)
-  for p in reversed(range(n)):
-    rows = pl.ds(p * SUB, SUB)
-    r0, r1 = p * SUB, p * SUB + SUB - 1
+
+  def block(i, later_dG):
+    """Block p = n - 1 - i; its first block's row side and its last's column side are all masked
+    (zeros), so one loop body serves every block (one copy of the code: a short Triton compile)."""
+    r0 = pl.multiple_of((n - 1 - i) * SUB, SUB)
+    r1 = r0 + SUB - 1
+    rows = pl.ds(r0, SUB)
     q, kp, Gp, bp = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :], b_ref[rows]
     bq = kp * bp[:, None]
-    dq = RA = dkc = jnp.zeros((SUB, BK), F32)
-    if p:  # row side, the keys of earlier blocks relative to the first row r0
-      g_r = g_ref[r0, :][None, :]
-      kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
-      e_p = jnp.exp(Gp - g_r)
-      dq = dot(dp_ref[rows, :].astype(dt), kr, prec) * e_p
-      RA = dot(da_ref[rows, :].astype(dt), kr, prec) * e_p
-    if p < n - 1:  # column side, the queries of later blocks relative to the last row r1
-      g_e = g_ref[r1, :][None, :]
-      after = _masked_exp(tok_row > r1, g_ref[...] - g_e)
-      qa = (q_ref[...].astype(F32) * after).astype(dt)
-      ba = (k_ref[...].astype(F32) * (after * b_ref[...][:, None])).astype(dt)
-      dkc = (dot_tn(dp_ref[:, rows].astype(dt), qa, prec)
-             + dot_tn(da_ref[:, rows].astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
+    # row side, the keys of earlier blocks relative to the first row r0
+    g_r = g_ref[r0, :][None, :]
+    kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
+    e_p = jnp.exp(Gp - g_r)
+    dq = dot(dp_ref[rows, :].astype(dt), kr, prec) * e_p
+    RA = dot(da_ref[rows, :].astype(dt), kr, prec) * e_p
+    # column side, the queries of later blocks relative to the last row r1
+    g_e = g_ref[r1, :][None, :]
+    after = _masked_exp(tok_row > r1, g_ref[...] - g_e)
+    qa = (q_ref[...].astype(F32) * after).astype(dt)
+    ba = (k_ref[...].astype(F32) * (after * b_ref[...][:, None])).astype(dt)
+    dkc = (dot_tn(dp_ref[:, rows].astype(dt), qa, prec)
+           + dot_tn(da_ref[:, rows].astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
+    # the diagonal block
     E = _diagonal_decays(Gp)                             # [i, j, channel]
     XP = dp_ref[rows, rows][:, :, None] * E              # dP_ij exp(G_i - G_j)
     XA = da_ref[rows, rows][:, :, None] * E
@@ -242,7 +244,9 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
     dG = dgw_ref[rows, :] + q * dq + bq * RA - kp * dkc
     total = jnp.sum(dG, axis=0)[None, :]
     dg_ref[rows, :] = later_dG + total - jnp.cumsum(dG, axis=0) + dG
-    later_dG = later_dG + total
+    return later_dG + total
+
+  lax.fori_loop(0, n, block, jnp.zeros((1, BK), F32))
 
 
 def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
