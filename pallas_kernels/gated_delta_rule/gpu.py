@@ -31,8 +31,8 @@ read the same keys (one head, one chunk) run side by side and share them through
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels;
 a wider V runs as slices); bf16, f16 and f32 inputs; scalar gates (or none: the delta rule);
 initial_state, final state and cu_seqlens (re-packed chunk-aligned by common.varlen), all through
-common/gpu/layout.py's `run_chunked`. Per-channel gates (KDA) are not: `unsupported` says why, and
-dispatch falls back to xla. Matmul operands are in the input dtype with a float32 accumulator; the
+common/gpu/layout.py's `run_chunked`. Per-channel gates are KDA's (kda/gpu.py: its own WY
+kernels on the same stages). Matmul operands are in the input dtype with a float32 accumulator; the
 state, the gates and the inverse are float32.
 """
 from __future__ import annotations
