@@ -31,8 +31,8 @@ read the same keys (one head, one chunk) run side by side and share them through
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels;
 a wider V runs as slices); bf16, f16 and f32 inputs; scalar gates (or none: the delta rule);
 initial_state, final state and cu_seqlens (re-packed chunk-aligned by common.varlen), all through
-common/gpu/layout.py's `run_chunked`. Per-channel gates (KDA) are not: `unsupported` says why, and
-dispatch falls back to xla. Matmul operands are in the input dtype with a float32 accumulator; the
+common/gpu/layout.py's `run_chunked`. Per-channel gates are KDA's (kda/gpu.py: its own WY
+kernels on the same stages). Matmul operands are in the input dtype with a float32 accumulator; the
 state, the gates and the inverse are float32.
 """
 from __future__ import annotations
@@ -96,6 +96,25 @@ def _wy_fwd(k, v, G, beta, st: Static):
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------
 
+def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv):
+  """Back through u = T (beta v) in value tiles of bv (T the chunk's inverse, input dtype): writes
+  dv = beta T^T du and returns T's gradient du (beta v)^T and beta's, sum_v (T^T du) v (float32).
+  KDA's WY backward shares it."""
+  C = CHUNK
+  dt = Tc.dtype
+  prec = precision(dt)
+  dT = jnp.zeros((C, C), F32)
+  dbeta = jnp.zeros((C,), F32)
+  for j in range(v_ref.shape[1] // bv):
+    vs = pl.ds(j * bv, bv)
+    du, v = du_ref[:, vs], v_ref[:, vs]
+    dvb = dot_tn(Tc, du, prec)                        # T^T du
+    dv_ref[:, vs] = scale_rows(dvb, beta).astype(dv_ref.dtype)
+    dbeta += jnp.sum(dvb * v.astype(F32), axis=1)
+    dT += dot_nt(du, scale_rows(v, beta, dt), prec)
+  return dT, dbeta
+
+
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
                    dk_ref, dv_ref, db_ref, dg_ref, *, bv):
   """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype)."""
@@ -103,16 +122,7 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, d
   k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
   dt = k.dtype
   prec = precision(dt)
-  V = v_ref.shape[1]
-  dT = jnp.zeros((C, C), F32)
-  dbeta = jnp.zeros((C,), F32)
-  for j in range(V // bv):
-    vs = pl.ds(j * bv, bv)
-    du, v = du_ref[:, vs], v_ref[:, vs]
-    dvb = dot_tn(Tc, du, prec)                        # T^T du
-    dv_ref[:, vs] = scale_rows(dvb, beta).astype(dv_ref.dtype)
-    dbeta += jnp.sum(dvb * v.astype(F32), axis=1)
-    dT += dot_nt(du, scale_rows(v, beta, dt), prec)
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
   dw = dw_ref[...]
   be = beta * jnp.exp(G)
   kb = scale_rows(k, be)

@@ -21,6 +21,10 @@ Stages:
 - `chunk_dh`        reverse state-gradient pass: dh per chunk, dv', d initial_state;
 - `chunk_dqk`       chunk-parallel dq, dk, dG (and dw for the delta rule);
 - `fused_recurrent` the token-by-token decode kernel with a reference-recurrence gradient.
+Every stage takes scalar gates (G [C] per chunk, head-major [B, H, T]) or per-channel gates (G
+[C, K], token layout [B, T, H, K]: KDA), told apart by the gate array's rank, so the scalar families
+compile to the same code; the per-channel path takes the intra-chunk scores (and q, k gated) from
+the family's own sub-chunk kernel.
 
 Triton lowering rules every stage follows: every loaded or stored block has power-of-two dims
 (hence the padding of K and V); dots are 2-D with every dim >= 16; float32 x float32 dots are tf32

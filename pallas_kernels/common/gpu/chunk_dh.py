@@ -4,6 +4,10 @@
   dh_c = dS (the state gradient at the chunk's end, stored for the dq/dk kernel)
   dv'  = P^T do + exp(G_C - G) k dS
   dS  <- exp(G_C) dS + (scale exp(G) q)^T do  [- w^T dv' for the delta rule]
+
+Scalar gates G [C] or per-channel gates G [C, K] as in chunk_state.py; the per-channel path takes q
+and k gated (scale exp(G) q, exp(G_C - G) k) and reads the forward's intra-chunk scores P instead
+of forming them.
 """
 from __future__ import annotations
 
@@ -14,15 +18,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
-from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, dot_tn, precision,
-                                                   scale_rows, state_at_flag, store_at_flag)
+from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
+                                                   dot_tn, precision, scale_rows, state_at_flag,
+                                                   store_at_flag)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds
 
 
-def _dh_kernel(*refs, NT, scale, is_varlen, delta):
+def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
   refs = list(refs)
   q_ref, k_ref = refs[:2]
   w_ref = refs.pop(2) if delta else None
+  p_ref = refs.pop(4) if given_scores else None
   do_ref, g_ref, dht_ref = refs[2:5]
   refs = refs[5:]
   if is_varlen:
@@ -40,14 +46,21 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta):
     if is_varlen:
       dS = state_at_flag(ends_ref, c, dht_ref, dS)
     dh_ref[c] = dS.astype(dh_ref.dtype)
-    G, g_last = g_ref[sl], g_ref[t0 + C - 1]
     q, k, do = q_ref[sl, :], k_ref[sl, :], do_ref[sl, :]
-    P = dot_nt(q, k, prec) * (decay(G) * scale)
-    dvn = (dot_tn(P.astype(dt), do, prec)
-           + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
+    if given_scores:  # q, k gated
+      g_last = g_ref[t0 + C - 1, :]
+      dvn = dot_tn(p_ref[sl, :], do, prec) + dot(k, dS.astype(dt), prec)
+    else:
+      G, g_last = chunk_gates(g_ref, t0, C)
+      P = dot_nt(q, k, prec) * (decay(G) * scale)
+      dvn = (dot_tn(P.astype(dt), do, prec)
+             + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
-    dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
+    if given_scores:
+      dS = decay_state(dS, g_last) + dot_tn(q, do, prec)
+    else:
+      dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
     if delta:
       dS -= dot_tn(w_ref[sl, :], dvn_c, prec)
     if is_varlen:
@@ -60,26 +73,32 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta):
     dh0_ref[...] = dS
 
 
-def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static):
-  """Padded inputs as `chunk_state.state_pass` (w None without the delta correction), do the output
-  gradient, dht [N, H, K, V] float32 the final-state gradient. Returns dh [B, NT, H, K, V],
-  dv' [B, T, H, V] (input dtype) and d initial_state (float32)."""
+def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
+  """Padded inputs as `chunk_state.state_pass` (w None without the delta correction; per-channel
+  gates G [B, T, H, K] with q, k gated and the forward's `scores`), do the output gradient, dht
+  [N, H, K, V] float32 the final-state gradient. Returns dh [B, NT, H, K, V], dv' [B, T, H, V]
+  (input dtype) and d initial_state (float32)."""
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
   BV = min(st.cfg.bv_state, V)
   delta = w is not None
+  per_channel = G.ndim == 4
+  if per_channel and scores is None:
+    raise ValueError("per-channel gates need the forward's intra-chunk `scores`")
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = [q, k] + ([w] if delta else [])
-  args = keys + [do, G, dht]
-  in_specs = [sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
+  args = keys + [do, G] + ([scores] if per_channel else []) + [dht]
+  in_specs = ([sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True),
+                                              sp.seq_gate(K if per_channel else None)]
+              + [sp.seq_tok(CHUNK)] * per_channel + [h0_spec])
   aliases = None
   if st.is_varlen:  # sequences with no tokens pass the final-state gradient straight through
     args += [starts, ends, dht]
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           delta=delta)
+                           delta=delta, given_scores=per_channel)
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],

@@ -5,9 +5,15 @@
   o  = scale exp(G) q S + P v',  P = lower(scale q k^T exp(G_i - G_j))
   S <- exp(G_C) S + (exp(G_C - G) k)^T v'
 
-G is the chunk-local cumsum of a scalar log decay per head and token. With `want_o` the pass writes
-o and the final state (the forward); without it the chunk-start states h and, for the delta rule, v'
-(the backward recomputes them instead of the forward storing them).
+G is the chunk-local cumsum of the log decays: a scalar per head and token (G [C], head-major gate
+layout [B, H, T]), or per key channel (G [C, K], token layout [B, T, H, K]: KDA), where exp(G) and
+exp(G_C - G) scale q and k entry by entry and exp(G_C) the state's rows. Which one is static (the
+gate array's rank), so the scalar path compiles to the code it always had. Per-channel decays do not
+factor out of q k^T, so that path takes the intra-chunk scores P precomputed (`scores`) and q and k
+already gated, scale exp(G) q and exp(G_C - G) k (the family's chunk-parallel kernel forms all
+three), so its serial chunk loop does no exps but the [K] row exp(G_C). With `want_o` the pass writes o and the final state (the forward);
+without it the chunk-start states h and, for the delta rule, v' (the backward recomputes them
+instead of the forward storing them).
 """
 from __future__ import annotations
 
@@ -18,19 +24,23 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
-from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, dot_tn, precision,
-                                                   scale_rows, state_at_flag, store_at_flag)
+from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
+                                                   dot_tn, precision, scale_rows, state_at_flag,
+                                                   store_at_flag)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds
 
 
-def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
+def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores):
   """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and
-  (delta) v'. Without delta there is no w and v' = u = v."""
+  (delta) v'. Without delta there is no w and v' = u = v. Per-channel gates (g_ref [T, K]): q and k
+  arrive gated and P (given_scores, with want_o) is read, not computed."""
   refs = list(refs)
   q_ref = refs.pop(0) if want_o else None
   k_ref = refs.pop(0)
   w_ref = refs.pop(0) if delta else None
-  u_ref, g_ref, h0_ref = refs[:3]
+  u_ref, g_ref = refs[:2]
+  p_ref = refs.pop(2) if given_scores else None
+  h0_ref = refs[2]
   refs = refs[3:]
   starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
   if want_o:
@@ -50,13 +60,20 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
       S = state_at_flag(starts_ref, c, h0_ref, S)
     if not want_o:
       h_ref[c] = S.astype(h_ref.dtype)
-    G, g_last = g_ref[sl], g_ref[t0 + C - 1]
+    per_channel = len(g_ref.shape) == 2
+    if per_channel:
+      g_last = g_ref[t0 + C - 1, :]
+    else:
+      G, g_last = chunk_gates(g_ref, t0, C)
     k = k_ref[sl, :]
     if delta:
       vn_c = (u_ref[sl, :].astype(F32) - dot(w_ref[sl, :], S.astype(dt), prec)).astype(dt)
     else:
       vn_c = u_ref[sl, :]
-    if want_o:
+    if want_o and per_channel:
+      o = dot(q_ref[sl, :], S.astype(dt), prec) + dot(p_ref[sl, :], vn_c, prec)
+      o_ref[sl, :] = o.astype(o_ref.dtype)
+    elif want_o:
       q = q_ref[sl, :]
       P = dot_nt(q, k, prec) * (decay(G) * scale)
       o = (dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec)
@@ -64,7 +81,10 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
       o_ref[sl, :] = o.astype(o_ref.dtype)
     elif delta:
       vn_ref[sl, :] = vn_c
-    S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
+    if per_channel:
+      S = decay_state(S, g_last) + dot_tn(k, vn_c, prec)
+    else:
+      S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
     if is_varlen and want_o:
       store_at_flag(ends_ref, c, fin_ref, S)
     return S
@@ -75,10 +95,13 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta):
     fin_ref[...] = S
 
 
-def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool):
+def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores=None):
   """Padded, chunk-aligned inputs: q, k, w [B, T, H, K] (q only with want_o; w None without the
-  delta correction), u [B, T, H, V] (v' before the correction: v itself without it), G [B, H, T]
-  chunk-local cumsums, h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
+  delta correction), u [B, T, H, V] (v' before the correction: v itself without it), G the
+  chunk-local cumsums, [B, H, T] (scalar gates) or [B, T, H, K] (per-channel gates: then q and k
+  come gated, scale exp(G) q and exp(G_C - G) k, and with want_o `scores` P [B, T, H, C], row t
+  token t's scale q_t k_j^T exp(G_t - G_j) over its chunk, zero for j > t, all in the input
+  dtype), h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
 
   want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32); else (h [B, NT, H, K, V],
   v' [B, T, H, V] or None without delta), in the input dtype.
@@ -87,13 +110,19 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool):
   V, N = u.shape[-1], h0.shape[0]
   BV = min(st.cfg.bv_state, V)
   delta = w is not None
+  per_channel = G.ndim == 4
+  given_scores = want_o and per_channel
+  if given_scores and scores is None:
+    raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           want_o=want_o, delta=delta)
+                           want_o=want_o, delta=delta, given_scores=given_scores)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
-  args = keys + [u, G, h0]
-  in_specs = [sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True), sp.seq_gate(), h0_spec]
+  args = keys + [u, G] + ([scores] if given_scores else []) + [h0]
+  in_specs = ([sp.seq_tok(K)] * len(keys)
+              + [sp.seq_tok(BV, True), sp.seq_gate(K if per_channel else None)]
+              + [sp.seq_tok(CHUNK)] * given_scores + [h0_spec])
   aliases = None
   if st.is_varlen:
     args += [starts, ends]

@@ -9,7 +9,7 @@ CHUNK = 64  # tokens per chunk of every chunked stage
 
 class Config(NamedTuple):
   """Tile sizes and launch parameters (benchmarks/ops.py times variants). The `*_wy*` fields are
-  read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py)."""
+  read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py, kda/gpu.py)."""
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
   warps_state: int = 4
   stages_state: int = 2
@@ -20,6 +20,10 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
+  warps_wy_channel: int = 4      # the per-channel-gate WY/UT kernels (kda/gpu.py): forward
+  warps_wy_channel_bwd: int = 8  # and backward
+  bk_scores: int = 16     # key tile (grid axis) of the per-channel score-gradient kernel
+  warps_scores: int = 4
 
 
 DEFAULT = Config()

@@ -1,10 +1,11 @@
-"""The decode stage: a token-by-token Pallas GPU kernel (Triton lowering) of the scalar-gate
-recurrences (like fla's fused_recurrent),
+"""The decode stage: a token-by-token Pallas GPU kernel (Triton lowering) of the scalar- and
+per-channel-gate recurrences (like fla's fused_recurrent),
 
-  S_t = exp(g_t) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);
+  S_t = diag(exp(g_t)) S_{t-1};  [delta] v_t <- beta_t (v_t - S_t^T k_t);
   S_t += k_t v_t^T;  o_t = S_t^T (scale q_t)
 
-the gated delta rule, the delta rule (g = 0) and, without the delta correction, simple GLA.
+with g_t a scalar (the gated delta rule, the delta rule with g = 0 and, without the delta
+correction, simple GLA) or a [K] vector per token (KDA).
 Grid (N * H, V / BV): each program keeps a float32 [K, BV] state tile in registers and walks the
 tokens of its sequence (with cu_seqlens, B == 1: from cu_seqlens[n] to cu_seqlens[n + 1]), so a
 decode step is one launch that reads each state once and writes it once. The gradient is the float32
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.kernel_math import F32
+from pallas_kernels.common.gpu.kernel_math import F32, decay_state
 from pallas_kernels.common.gpu.layout import compiler_params, head_major, next_pow2, pad_axis
 
 BV = 32        # value tile: N * H * V / 32 programs, enough to fill the GPU at decode batch sizes
@@ -33,7 +34,7 @@ def _kernel(*refs, scale: float, delta: bool, is_varlen: bool, H: int):
 
   def body(t, S):
     q, k, v = (r[t, :].astype(F32) for r in (q_ref, k_ref, v_ref))
-    S = S * jnp.exp(g_ref[t])
+    S = decay_state(S, g_ref[t, :] if len(g_ref.shape) == 2 else g_ref[t])
     if delta:
       v = b_ref[t] * (v - jnp.sum(S * k[:, None], axis=0))
     S = S + k[:, None] * v[None, :]
@@ -49,7 +50,8 @@ def _kernel(*refs, scale: float, delta: bool, is_varlen: bool, H: int):
 
 
 def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
-  """Padded inputs (K, V powers of two); g, beta [B, H, T] float32. Returns (o, final state)."""
+  """Padded inputs (K, V powers of two); g [B, H, T] or (per channel) [B, T, H, K] and beta
+  [B, H, T] float32. Returns (o, final state)."""
   B, T, H, K = q.shape
   V, N = v.shape[-1], h0.shape[0]
   bv = min(BV, V)
@@ -59,7 +61,8 @@ def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
                                       lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
   gate = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
   state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
-  in_specs = [tok(K, False), tok(K, False), tok(bv, True), gate, gate, state]
+  in_specs = [tok(K, False), tok(K, False), tok(bv, True), tok(K, False) if g.ndim == 4 else gate,
+              gate, state]
   args = [q, k, v, g, beta, h0]
   if is_varlen:
     in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
@@ -78,8 +81,12 @@ def _recurrent(q, k, v, g, beta, h0, cu_seqlens, static, reference):
   V = v.shape[-1]
   Kp, Vp = next_pow2(K), next_pow2(V)
   zeros = jnp.zeros((B, T, H), F32)
+  if g is None or g.ndim == 3:
+    g_in = head_major(zeros if g is None else g)
+  else:
+    g_in = pad_axis(g.astype(F32), 3, Kp)
   o, S = _forward(pad_axis(q, 3, Kp), pad_axis(k.astype(q.dtype), 3, Kp),
-                  pad_axis(v.astype(q.dtype), 3, Vp), head_major(zeros if g is None else g),
+                  pad_axis(v.astype(q.dtype), 3, Vp), g_in,
                   head_major(zeros if beta is None else beta), pad_axis(pad_axis(h0, 2, Kp), 3, Vp),
                   cu_seqlens, scale=scale, delta=delta, interpret=interpret)
   return o[..., :V], S[:, :, :K, :V]
@@ -103,8 +110,8 @@ _recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
 
 def fused_recurrent(q, k, v, g, beta, *, scale, reference, initial_state, cu_seqlens=None,
                     interpret=False):
-  """q, k [B, T, H, K]; v [B, T, H, V]; g None or [B, T, H] log decays; beta None (no delta
-  correction) or [B, T, H]. `reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens)`: the
+  """q, k [B, T, H, K]; v [B, T, H, V]; g None, [B, T, H] or [B, T, H, K] log decays; beta None
+  (no delta correction) or [B, T, H]. `reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens)`: the
   float32 recurrence that defines the gradient. Returns (o [B, T, H, V] in q.dtype, final state
   [N, H, K, V] float32)."""
   return _recurrent(q, k, v, g, beta, initial_state, cu_seqlens, (float(scale), beta is not None,

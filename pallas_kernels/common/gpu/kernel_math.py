@@ -60,8 +60,22 @@ def scale_rows(x, s, dtype=None):
   return y if dtype is None else y.astype(dtype)
 
 
+def decay_state(S, g_last):
+  """The state S [K, BV] decayed by exp(g_last): g_last a scalar, or [K] (one decay per key row)."""
+  d = jnp.exp(g_last)
+  return S * (d[:, None] if jnp.ndim(d) == 1 else d)
+
+
+def chunk_gates(g_ref, t0, C):
+  """(G, G_C) of the chunk of C tokens at t0 from the whole-sequence gate block: G [C] and G_C a
+  scalar (scalar gates, g_ref [T]), or G [C, K] and G_C [K] (per-channel gates, g_ref [T, K])."""
+  if len(g_ref.shape) == 1:
+    return g_ref[pl.ds(t0, C)], g_ref[t0 + C - 1]
+  return g_ref[pl.ds(t0, C), :], g_ref[t0 + C - 1, :]
+
+
 def at_last(x, value):
-  """Adds `value` to the last entry of the vector x [C]."""
+  """Adds `value` to the last row of x: x [C] and a scalar, or x [C, D] and value [D]."""
   return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)
 
 

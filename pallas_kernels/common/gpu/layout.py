@@ -9,7 +9,7 @@ bodies that every family's chunked path shares.
   state pass, grid (V / BV, B*H): one program per value tile and head, looping over the NT chunks
   inside (`lax.fori_loop`) with the float32 state [K, BV] carried in registers; blocks span T;
 - `run_chunked`, the input prologue of every chunked op: the limits check (`unsupported`), padding
-  K and V to powers of two and T to whole chunks (or re-packing cu_seqlens chunk-aligned with
+  K and V to powers of two (per-channel gates with K) and T to whole chunks (or re-packing cu_seqlens chunk-aligned with
   common.varlen), splitting V above MAX_DIM into independent slices, and undoing the padding.
 """
 from __future__ import annotations
@@ -53,14 +53,16 @@ def head_major(x):
   return jnp.swapaxes(x.astype(F32), 1, 2)
 
 
-def chunk_cumsum(x, C: int, reverse: bool = False):
-  """Inclusive cumsum within chunks of C along the last axis (length a multiple of C), float32."""
+def chunk_cumsum(x, C: int, reverse: bool = False, axis: int = -1):
+  """Inclusive cumsum within chunks of C along `axis` (length a multiple of C; the time axis: the
+  last of head-major scalar gates [B, H, T], 1 of per-channel gates [B, T, H, K]), float32."""
   shape = x.shape
-  x = x.reshape(*shape[:-1], shape[-1] // C, C)
+  axis = axis % x.ndim
+  x = x.reshape(*shape[:axis], shape[axis] // C, C, *shape[axis + 1:])
   if reverse:
-    x = jnp.flip(jnp.cumsum(jnp.flip(x, -1), axis=-1), -1)
+    x = jnp.flip(jnp.cumsum(jnp.flip(x, axis + 1), axis=axis + 1), axis + 1)
   else:
-    x = jnp.cumsum(x, axis=-1)
+    x = jnp.cumsum(x, axis=axis + 1)
   return x.reshape(shape)
 
 
@@ -87,13 +89,17 @@ class Specs:
       return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, iv))
     return pl.BlockSpec((None, self.T, None, D), lambda iv, bh: (bh // H, 0, bh % H, 0))
 
-  # gates [B, H, T] (float32)
-  def chunk_gate(self):
+  # scalar gates [B, H, T] (float32); per-channel gates [B, T, H, K] (float32) with K given
+  def chunk_gate(self, K=None):
     H = self.H
+    if K is not None:
+      return self.chunk_tok(K)
     return pl.BlockSpec((None, None, self.C), lambda n, bh: (bh // H, bh % H, n))
 
-  def seq_gate(self):
+  def seq_gate(self, K=None):
     H = self.H
+    if K is not None:
+      return self.seq_tok(K)
     return pl.BlockSpec((None, None, self.T), lambda iv, bh: (bh // H, bh % H, 0))
 
   # per-chunk states [B, NT, H, K, V]
@@ -135,8 +141,6 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
   """Why the GPU stage kernels cannot run these inputs (None when they can): the dispatch `supports`
   hook of every family built on them."""
   K = q.shape[-1]
-  if g is not None and g.ndim == 4:
-    return "per-channel gates [B, T, H, K] have no GPU kernel yet"
   if K > MAX_DIM:
     return f"key head dim K={K} above {MAX_DIM}"
   if q.dtype not in DTYPES:
@@ -149,8 +153,9 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
   """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates: a tuple of per-token scalars [B, T, H] (log decays,
-  beta; None reads as zeros).
-  `core(st: Static, q, k, v, *gates [B, H, T] float32, h0, starts, ends)` returns (o, final state)
+  beta; None reads as zeros) or per-channel log decays [B, T, H, K].
+  `core(st: Static, q, k, v, *gates, h0, starts, ends)` gets the gates in float32, scalars
+  head-major [B, H, T] and per-channel ones [B, T, H, K] (K padded), and returns (o, final state)
   of the padded problem; `starts`/`ends` are the varlen segment flags per chunk (a dummy [1]
   otherwise). Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
@@ -185,8 +190,9 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
   q, k = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp)
   v = pad_axis(v, 3, Vp)
   h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
+  gates = [head_major(x) if x.ndim == 3 else pad_axis(x, 3, Kp) for x in gates]
   st = Static(float(scale), cu_seqlens is not None, bool(interpret), config)
-  o, S = core(st, q, k, v, *(head_major(x) for x in gates), h0, starts, ends)
+  o, S = core(st, q, k, v, *gates, h0, starts, ends)
   o = o[..., :V]
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)
   return o, S[:, :, :K, :V]
