@@ -60,7 +60,8 @@ MW = 16  # m is kept as a row of MW equal lanes in HBM (Triton loads and stores 
 class Config(NamedTuple):
   """Tile sizes and launch parameters."""
   bv_state: int = 32      # value tile of the forward and reverse state passes
-  warps_state: int = 4
+  warps_forward: int = 4  # the forward (its chunk math holds several [C, C] float32 tiles)
+  warps_state: int = 4    # the reverse state pass
   stages_state: int = 2
   bv_chunk: int = 64      # value block of the loop inside the backward chunk kernel
   warps_chunk: int = 8
@@ -303,7 +304,7 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
         sds((NV, B, H, T), F32)] * 3
   kern = functools.partial(_forward_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
                            save=save, exact=_f32_dot_precision(st))
-  outs = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
+  outs = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_forward,
                  st.cfg.stages_state)(*args)
   o, Cf, nf, mf = outs[:4]
   final = (Cf, nf[0], mf[0, ..., 0])
