@@ -46,6 +46,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import suffix_sum
+from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
 from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, compiler_params, next_pow2,
                                               pad_axis, sds)
@@ -71,13 +72,6 @@ class Config(NamedTuple):
 
 
 DEFAULT = Config()
-
-
-class Static(NamedTuple):
-  scale: float
-  is_varlen: bool
-  interpret: bool
-  cfg: Config
 
 
 def unsupported(q, k, v, *_, **__) -> str | None:
