@@ -65,7 +65,7 @@ class Config(NamedTuple):
   warps_state: int = 4    # the reverse state pass
   stages_state: int = 2
   bv_chunk: int = 64      # value block of the loop inside the backward chunk kernel
-  warps_chunk: int = 8
+  warps_chunk: int = 4
   stages_chunk: int = 1
   bv_decode: int = 32     # value tile of the decode kernel
   warps_decode: int = 4
@@ -89,12 +89,19 @@ def _check(q, k, v):
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
 
 
-def _f32_dot_precision(st: Static):
-  """Of the float32 dots of 0/1 masks with gates (the segment sums D and their transpose in the
-  backward): three tf32 passes on the GPU (the masks are exact in tf32, the gates split in two:
-  ~2^-22 relative, against the 64^3 scalar FMAs of an IEEE dot per chunk); IEEE when interpreted
-  (XLA on CPU runs no tf32 algorithm)."""
-  return lax.Precision.HIGHEST if st.interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+def _mask_dot(mask, x, transpose=False, parts=3):
+  """mask @ x (mask^T @ x with `transpose`) for a 0/1 mask and a float32 x, exact to float32 in
+  bf16 tensor-core dots: x is split into `parts` bf16 terms (three hold its 24-bit significand),
+  each product with the mask is exact and the accumulator float32 (far cheaper than Triton's
+  float32 dots at tf32x3 precision: benchmarks/NOTES.md)."""
+  m = jnp.where(mask, 1.0, 0.0).astype(jnp.bfloat16)
+  out, rest = None, x
+  for _ in range(parts):
+    part = rest.astype(jnp.bfloat16)
+    rest = rest - part.astype(F32)
+    term = dot_tn(m, part) if transpose else dot(m, part)
+    out = term if out is None else out + term
+  return out
 
 
 def _max_weight(a, b):
@@ -132,15 +139,13 @@ def _prefix(lf, C):
   return jnp.sum(jnp.where(r <= t, lf[None, :], 0.0), axis=1)
 
 
-def _chunk(lf, ig, m0, exact) -> _Chunk:
-  """lf, ig [C] float32 rows; m0 a scalar or a row [C] (the chunk-start m); `exact` the precision
-  of the segment-sum dot."""
+def _chunk(lf, ig, m0) -> _Chunk:
+  """lf, ig [C] float32 rows; m0 a scalar or a row [C] (the chunk-start m)."""
   C = lf.shape[0]
   t, s = iota((C, C), 0), iota((C, C), 1)
   causal = s <= t
-  incl = jnp.where(causal, 1.0, 0.0)                          # [t, r]: r <= t
   strict_lf = jnp.where(s < t, lf[:, None], 0.0)              # [r, s]: log f_r where s < r
-  D = dot(incl, strict_lf, exact)                               # D_ts = sum_{s < r <= t} log f_r
+  D = _mask_dot(causal, strict_lf)                            # D_ts = sum_{s < r <= t} log f_r
   L = jnp.where(causal, D + ig[None, :], -jnp.inf)
   mrow = jnp.max(L, axis=1)
   x = _prefix(lf, C) + m0
@@ -172,7 +177,7 @@ def _leave(flags_ref, c, refs, values):
 
 # --- forward state pass with the output ----------------------------------------------------------
 
-def _forward_kernel(*refs, NT, scale, is_varlen, save, exact):
+def _forward_kernel(*refs, NT, scale, is_varlen, save):
   q_ref, k_ref, v_ref, lf_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:8]
   refs = refs[8:]
   starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
@@ -194,7 +199,7 @@ def _forward_kernel(*refs, NT, scale, is_varlen, save, exact):
       nh_ref[c] = n
       m0t_ref[sl] = jnp.zeros((C,), F32) + m
     q, k, v = q_ref[sl, :], k_ref[sl, :], v_ref[sl, :]
-    ch = _chunk(lf_ref[sl], i_ref[sl], m, exact)
+    ch = _chunk(lf_ref[sl], i_ref[sl], m)
     P = dot_nt(q, k, prec) * (ch.E * scale)
     qt = q.astype(F32) * (scale * jnp.exp(ch.x - ch.m))[:, None]
     num = dot(qt.astype(dt), S.astype(dt), prec) + dot(P.astype(dt), v, prec)
@@ -297,7 +302,7 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
     out_shape += [sds((B, sp.NT, H, K, V), q.dtype), sds((NV, B, sp.NT, H, K), F32)] + [
         sds((NV, B, H, T), F32)] * 3
   kern = functools.partial(_forward_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           save=save, exact=_f32_dot_precision(st))
+                           save=save)
   outs = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_forward,
                  st.cfg.stages_state)(*args)
   o, Cf, nf, mf = outs[:4]
@@ -380,7 +385,7 @@ def _dstate(st: Static, q, do, lf, m0t, mt, rz, dd, dCT, dnT, starts, ends):
 
 def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, dd_ref, dmn_ref,
                    h_ref, n0_ref, dh_ref, dn_ref, dq_ref, dk_ref, dv_ref, di_ref, dlf_ref, dm0_ref,
-                   *, scale, bv, exact):
+                   *, scale, bv):
   """One chunk and head (all of K; V in blocks of bv). di, dlog f and dm0 are the chunk's own, with
   a zero cotangent on its end m' (the caller adds that share)."""
   C, K = k_ref.shape
@@ -389,7 +394,7 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, 
   prec = precision(dt)
   q, k = q_ref[...], k_ref[...]
   lf, rz, dd = lf_ref[...], rz_ref[...], dd_ref[...]
-  ch = _chunk(lf, i_ref[...], m0t_ref[...], exact)
+  ch = _chunk(lf, i_ref[...], m0t_ref[...])
   P = dot_nt(q, k, prec) * (ch.E * scale)
   kw = k.astype(F32) * ch.w[:, None]
   kw_c, P_c = kw.astype(dt), P.astype(dt)
@@ -427,8 +432,7 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, 
   dL += hit * (dm * (1.0 - wx) / jnp.sum(hit, axis=1))[:, None]
   # L = D + i, D_ts = sum_{s < r <= t} log f_r; log w_s = L_{C-1,s} - m'; x = b + m0, b_C in decay.
   t, s = iota((C, C), 0), iota((C, C), 1)
-  incl = jnp.where(ch.causal, 1.0, 0.0)
-  Y = dot_tn(incl, dL, exact)                                   # [r, s] sum_{t >= r} dL_ts
+  Y = _mask_dot(ch.causal, dL, transpose=True)                # [r, s] sum_{t >= r} dL_ts
   dlf = (jnp.sum(jnp.where(s < t, Y + dw[None, :], 0.0), axis=1)
          + jnp.sum(jnp.where(s >= t, dx[None, :], 0.0), axis=1) + zdec)
   dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -446,8 +450,7 @@ def _dchunk(st: Static, q, k, v, do, lf, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
   row = pl.BlockSpec((None, None, C), lambda n, bh: (bh // H, bh % H, n))
   state = pl.BlockSpec((None, None, None, K, V), lambda n, bh: (bh // H, n, bh % H, 0, 0))
   vec = pl.BlockSpec((None, None, None, K), lambda n, bh: (bh // H, n, bh % H, 0))
-  kern = functools.partial(_dchunk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V),
-                           exact=_f32_dot_precision(st))
+  kern = functools.partial(_dchunk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
   return _launch(kern, (NT, B * H),
                  [tok(K), tok(K), tok(V), tok(V)] + [row] * 6 + [state, vec, state, vec],
                  [tok(K), tok(K), tok(V)] + [row] * 3,
