@@ -48,8 +48,8 @@ from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import suffix_sum
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
-from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, compiler_params, next_pow2,
-                                              pad_axis, sds)
+from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, chunk_cumsum, compiler_params,
+                                              next_pow2, pad_axis, sds)
 from pallas_kernels.mlstm import reference
 from pallas_kernels.mlstm.reference import EPS, MAX_NEG_LOG_NORM
 from pallas_kernels.mlstm.xla import NO_INPUT
@@ -133,14 +133,9 @@ def _last(x, axis=0):
   return jnp.sum(jnp.where(iota(x.shape, axis) == x.shape[axis] - 1, x, 0.0), axis=axis)
 
 
-def _prefix(lf, C):
-  """b_t = sum_{r <= t} log f_r, [C]."""
-  t, r = iota((C, C), 0), iota((C, C), 1)
-  return jnp.sum(jnp.where(r <= t, lf[None, :], 0.0), axis=1)
-
-
-def _chunk(lf, ig, m0) -> _Chunk:
-  """lf, ig [C] float32 rows; m0 a scalar or a row [C] (the chunk-start m)."""
+def _chunk(lf, b, ig, m0) -> _Chunk:
+  """lf, b (its chunk-local inclusive cumsum), ig: [C] float32 rows; m0 a scalar or a row [C] (the
+  chunk-start m)."""
   C = lf.shape[0]
   t, s = iota((C, C), 0), iota((C, C), 1)
   causal = s <= t
@@ -148,7 +143,7 @@ def _chunk(lf, ig, m0) -> _Chunk:
   D = _mask_dot(causal, strict_lf)                            # D_ts = sum_{s < r <= t} log f_r
   L = jnp.where(causal, D + ig[None, :], -jnp.inf)
   mrow = jnp.max(L, axis=1)
-  x = _prefix(lf, C) + m0
+  x = b + m0
   m = jnp.maximum(x, mrow)
   E = jnp.exp(L - m[:, None])
   m_end = _last(m)
@@ -178,8 +173,8 @@ def _leave(flags_ref, c, refs, values):
 # --- forward state pass with the output ----------------------------------------------------------
 
 def _forward_kernel(*refs, NT, scale, is_varlen, save):
-  q_ref, k_ref, v_ref, lf_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:8]
-  refs = refs[8:]
+  q_ref, k_ref, v_ref, lf_ref, b_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:9]
+  refs = refs[9:]
   starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
   refs = refs[2:] if is_varlen else refs
   o_ref, Cf_ref, nf_ref, mf_ref = refs[:4]
@@ -199,7 +194,7 @@ def _forward_kernel(*refs, NT, scale, is_varlen, save):
       nh_ref[c] = n
       m0t_ref[sl] = jnp.zeros((C,), F32) + m
     q, k, v = q_ref[sl, :], k_ref[sl, :], v_ref[sl, :]
-    ch = _chunk(lf_ref[sl], i_ref[sl], m)
+    ch = _chunk(lf_ref[sl], b_ref[sl], i_ref[sl], m)
     P = dot_nt(q, k, prec) * (ch.E * scale)
     qt = q.astype(F32) * (scale * jnp.exp(ch.x - ch.m))[:, None]
     num = dot(qt.astype(dt), S.astype(dt), prec) + dot(P.astype(dt), v, prec)
@@ -287,8 +282,8 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
   m16 = jnp.broadcast_to(m0[..., None], (*m0.shape, MW))
-  args = [q, k, v, lf, ig, C0, n0, m16]
-  in_specs = [sp.tok(K, False), sp.tok(K, False), sp.tok(BV, True), sp.row(), sp.row(),
+  args = [q, k, v, lf, chunk_cumsum(lf, CHUNK), ig, C0, n0, m16]
+  in_specs = [sp.tok(K, False), sp.tok(K, False), sp.tok(BV, True), sp.row(), sp.row(), sp.row(),
               sp.state(None, True), sp.state(K, False), sp.state(MW, False)]
   if st.is_varlen:
     args += [starts, ends]
@@ -315,9 +310,9 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
 
 # --- backward: the reverse state pass ------------------------------------------------------------
 
-def _dstate_kernel(*refs, NT, scale, is_varlen):
-  q_ref, do_ref, lf_ref, m0t_ref, mt_ref, rz_ref, dd_ref, dCT_ref, dnT_ref = refs[:9]
-  refs = refs[9:]
+def _dstate_kernel(*refs, NT, is_varlen):
+  q_ref, do_ref, sq_ref, decay_ref, rz_ref, dd_ref, dCT_ref, dnT_ref = refs[:8]
+  refs = refs[8:]
   starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
   refs = refs[2:] if is_varlen else refs
   dh_ref, dnh_ref, dC0_ref, dn0_ref = refs
@@ -337,11 +332,8 @@ def _dstate_kernel(*refs, NT, scale, is_varlen):
     dnh_ref[c] = dn
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
-    mt = mt_ref[sl]
-    x = _prefix(lf_ref[sl], C) + m0t_ref[sl]
-    sq = scale * jnp.exp(x - mt)
-    decay = jnp.exp(_last(x) - _last(mt))
-    qt = q_ref[sl, :].astype(F32) * sq[:, None]
+    decay = decay_ref[t0]
+    qt = q_ref[sl, :].astype(F32) * sq_ref[sl][:, None]
     dnum = do_ref[sl, :].astype(F32) * rz_ref[sl][:, None]
     dS = decay * dS + dot_tn(qt.astype(dt), dnum.astype(dt), prec)
     dn = decay * dn + jnp.sum(qt * dd_ref[sl][:, None], axis=0)
@@ -358,16 +350,17 @@ def _dstate_kernel(*refs, NT, scale, is_varlen):
     dC0_ref[...], dn0_ref[...] = dS, dn
 
 
-def _dstate(st: Static, q, do, lf, m0t, mt, rz, dd, dCT, dnT, starts, ends):
-  """Returns dh [B, NT, H, K, V] (input dtype) and dn [B, NT, H, K] (float32), the state cotangents
+def _dstate(st: Static, q, do, sq, decay, rz, dd, dCT, dnT, starts, ends):
+  """Rows [B, H, T]: sq = scale exp(x - m_t) (q~ = sq q), decay = exp(x_{C-1} - m') of the token's
+  chunk, rz = 1 / Z, dd the denominator's cotangent. Returns dh [B, NT, H, K, V] (input dtype) and dn [B, NT, H, K] (float32), the state cotangents
   at each chunk's end, and d(C0, n0) of the initial state."""
   B, T, H, K = q.shape
   V, N = do.shape[-1], dCT.shape[0]
   BV = min(st.cfg.bv_state, V)
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
-  args = [q, do, lf, m0t, mt, rz, dd, dCT, dnT]
-  in_specs = [sp.tok(K, False), sp.tok(BV, True)] + [sp.row()] * 5 + [sp.state(None, True),
+  args = [q, do, sq, decay, rz, dd, dCT, dnT]
+  in_specs = [sp.tok(K, False), sp.tok(BV, True)] + [sp.row()] * 4 + [sp.state(None, True),
                                                                       sp.state(K, False)]
   if st.is_varlen:
     args += [starts, ends]
@@ -375,7 +368,7 @@ def _dstate(st: Static, q, do, lf, m0t, mt, rz, dd, dCT, dnT, starts, ends):
   out_specs = [sp.chunk_C(), sp.chunk_n(), sp.state(None, True), sp.state(K, False, True)]
   out_shape = [sds((B, sp.NT, H, K, V), q.dtype), sds((NV, B, sp.NT, H, K), F32),
                sds(dCT.shape, F32), sds((NV, N, H, K), F32)]
-  kern = functools.partial(_dstate_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen)
+  kern = functools.partial(_dstate_kernel, NT=sp.NT, is_varlen=st.is_varlen)
   dh, dnh, dC0, dn0 = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st,
                               st.cfg.warps_state, st.cfg.stages_state)(*args)
   return dh, dnh[0], dC0, dn0[0]
@@ -383,7 +376,7 @@ def _dstate(st: Static, q, do, lf, m0t, mt, rz, dd, dCT, dnT, starts, ends):
 
 # --- backward: the chunk-parallel gradients -------------------------------------------------------
 
-def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, dd_ref, dmn_ref,
+def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, b_ref, i_ref, m0t_ref, rz_ref, dd_ref, dmn_ref,
                    h_ref, n0_ref, dh_ref, dn_ref, dq_ref, dk_ref, dv_ref, di_ref, dlf_ref, dm0_ref,
                    *, scale, bv):
   """One chunk and head (all of K; V in blocks of bv). di, dlog f and dm0 are the chunk's own, with
@@ -394,7 +387,7 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, 
   prec = precision(dt)
   q, k = q_ref[...], k_ref[...]
   lf, rz, dd = lf_ref[...], rz_ref[...], dd_ref[...]
-  ch = _chunk(lf, i_ref[...], m0t_ref[...])
+  ch = _chunk(lf, b_ref[...], i_ref[...], m0t_ref[...])
   P = dot_nt(q, k, prec) * (ch.E * scale)
   kw = k.astype(F32) * ch.w[:, None]
   kw_c, P_c = kw.astype(dt), P.astype(dt)
@@ -442,7 +435,7 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, i_ref, m0t_ref, rz_ref, 
   dm0_ref[...] = jnp.where(rows == 0, zdec + jnp.sum(dx), 0.0)
 
 
-def _dchunk(st: Static, q, k, v, do, lf, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
+def _dchunk(st: Static, q, k, v, do, lf, b, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
   B, T, H, K = q.shape
   V = v.shape[-1]
   C, NT = CHUNK, T // CHUNK
@@ -452,12 +445,12 @@ def _dchunk(st: Static, q, k, v, do, lf, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
   vec = pl.BlockSpec((None, None, None, K), lambda n, bh: (bh // H, n, bh % H, 0))
   kern = functools.partial(_dchunk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
   return _launch(kern, (NT, B * H),
-                 [tok(K), tok(K), tok(V), tok(V)] + [row] * 6 + [state, vec, state, vec],
+                 [tok(K), tok(K), tok(V), tok(V)] + [row] * 7 + [state, vec, state, vec],
                  [tok(K), tok(K), tok(V)] + [row] * 3,
                  [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(v.shape, q.dtype)]
                  + [sds(lf.shape, F32)] * 3,
                  st, st.cfg.warps_chunk, st.cfg.stages_chunk)(
-                     q, k, v, do, lf, ig, m0t, rz, dd, dmn, h, nh, dh, dnh)
+                     q, k, v, do, lf, b, ig, m0t, rz, dd, dmn, h, nh, dh, dnh)
 
 
 # --- the custom_vjp -------------------------------------------------------------------------------
@@ -504,9 +497,14 @@ def _chunk_mlstm_bwd(st, res, cts):
   wa = _max_weight(jnp.abs(den), floor)
   dd = dZ * wa * jnp.sign(den)
   dmn = -floor * below_cap * dZ * (1.0 - wa)
-  dh, dnh, dC0, dn0 = _dstate(st, q, do, lf, m0t, mt, 1.0 / Z, dd, dCT, dnT, starts, ends)
-  dq, dk, dv, di, dlf, dm0_rows = _dchunk(st, q, k, v, do, lf, ig, m0t, 1.0 / Z, dd, dmn, h, nh,
-                                          dh, dnh)
+  b = chunk_cumsum(lf, CHUNK)
+  x = b + m0t
+  x_end, m_end = (jnp.repeat(_chunks(a)[..., -1], CHUNK, axis=-1) for a in (x, mt))
+  sq = st.scale * jnp.exp(x - mt)
+  dh, dnh, dC0, dn0 = _dstate(st, q, do, sq, jnp.exp(x_end - m_end), 1.0 / Z, dd, dCT, dnT, starts,
+                              ends)
+  dq, dk, dv, di, dlf, dm0_rows = _dchunk(st, q, k, v, do, lf, b, ig, m0t, 1.0 / Z, dd, dmn, h,
+                                          nh, dh, dnh)
   # The cotangent of each chunk's end m' (dm'_c = dm0_{c+1}, or the final state's at a sequence's
   # end): dm0_c = local_c + coef_c dm'_c, one reverse associative scan of affine maps.
   lf_c, ig_c, m0_c = _chunks(lf), _chunks(ig), m0t[..., ::CHUNK]
