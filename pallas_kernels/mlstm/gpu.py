@@ -4,8 +4,9 @@ token-by-token `fused_recurrent_mlstm` (decode).
 The math is xla.py's chunked form (README.md), per chunk of C = 64 tokens with the chunk-start state
 (C0 [K, V], n0 [K], m0), log f and i as rows [C] (padding tokens: q = k = v = 0, log f = 0,
 i = -1e30, which leaves the state unchanged):
-  D_ts = sum_{s < r <= t} log f_r (one float32 matmul of 0/1 masks: each entry summed over its own
-  range, as xla.py does), b_t = sum_{r <= t} log f_r, L = D + i_s (s <= t), x = b + m0,
+  D_ts = sum_{s < r <= t} log f_r (a matmul of 0/1 masks, exact to float32 in three bf16 dots: each
+  entry summed over its own range, as xla.py does), b_t = sum_{r <= t} log f_r (a chunk-local cumsum
+  in XLA), L = D + i_s (s <= t), x = b + m0,
   m_t  = max(x_t, max_s L_ts)                                  (the recurrence's own m_t)
   P    = scale (q k^T) exp(L - m_t),  q~ = scale q exp(x - m_t)
   o    = (q~ C0 + P v) / (max(|q~ . n0 + sum_s P_ts|, exp(-m_t)) + eps)   (exp(-m) capped at e^80)
@@ -16,7 +17,7 @@ forward   `_forward` grid (V / BV, B*H), the chunks in a `lax.fori_loop` with (C
           states (C in the input dtype, n and m float32) and per token m_t and the denominator.
 backward  (residuals: the inputs, o and those stores; nothing is recomputed across chunks)
   1. per token in XLA: 1 / Z, the denominator's cotangent and the normalizer floor's share of dm_t
-     (they need sum_v do o over all of V);
+     (they need sum_v do o over all of V), q~'s row scale and each chunk's state decay;
   2. `_dstate` grid (V / BV, B*H), chunks in reverse: the state cotangents (dC, dn) at each chunk
      end, dC <- exp(x_{C-1} - m') dC + q~^T (do / Z), dn likewise, and d(C0, n0) of the initial state.
      Neither depends on the cotangent of m (the stabilizer enters the outputs only through the max
