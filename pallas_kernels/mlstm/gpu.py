@@ -4,9 +4,9 @@ token-by-token `fused_recurrent_mlstm` (decode).
 The math is xla.py's chunked form (README.md), per chunk of C = 64 tokens with the chunk-start state
 (C0 [K, V], n0 [K], m0), log f and i as rows [C] (padding tokens: q = k = v = 0, log f = 0,
 i = -1e30, which leaves the state unchanged):
-  D_ts = sum_{s < r <= t} log f_r (a matmul of 0/1 masks, exact to float32 in three bf16 dots: each
-  entry summed over its own range, as xla.py does), b_t = sum_{r <= t} log f_r (a chunk-local cumsum
-  in XLA), L = D + i_s (s <= t), x = b + m0,
+  b_t = sum_{r <= t} log f_r (a chunk-local cumsum in XLA, kept as a double-float hi + lo),
+  D_ts = sum_{s < r <= t} log f_r = b_t - b_s (float32-exact through hi and lo, as xla.py's sums over
+  their own range are), L = D + i_s (s <= t), x = b + m0,
   m_t  = max(x_t, max_s L_ts)                                  (the recurrence's own m_t)
   P    = scale (q k^T) exp(L - m_t),  q~ = scale q exp(x - m_t)
   o    = (q~ C0 + P v) / (max(|q~ . n0 + sum_s P_ts|, exp(-m_t)) + eps)   (exp(-m) capped at e^80)
@@ -23,7 +23,8 @@ backward  (residuals: the inputs, o and those stores; nothing is recomputed acro
      Neither depends on the cotangent of m (the stabilizer enters the outputs only through the max
      and the normalizer);
   3. `_dchunk` grid (NT, B*H), one chunk per program (V in blocks of 64): dq, dk, dv and the chunk's
-     local di, dlog f and dm0 (those of the chunk with a zero cotangent on its end m');
+     local di, db and dm0 (those of the chunk with a zero cotangent on its end m'; dlog f is the
+     reverse chunk cumsum of db);
   4. in XLA: the cotangent of each chunk's m' is an affine recurrence over chunks
      (dm0_c = local_c + [x_{C-1} wins the max] dm'_c, dm'_c = dm0_{c+1}), one associative scan; its
      share of di and dlog f is the vjp of m' = max(x_{C-1}, max_s L_{C-1,s}) in XLA.
@@ -90,19 +91,27 @@ def _check(q, k, v):
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
 
 
-def _mask_dot(mask, x, transpose=False, parts=3):
-  """mask @ x (mask^T @ x with `transpose`) for a 0/1 mask and a float32 x, exact to float32 in
-  bf16 tensor-core dots: x is split into `parts` bf16 terms (three hold its 24-bit significand),
-  each product with the mask is exact and the accumulator float32 (far cheaper than Triton's
-  float32 dots at tf32x3 precision: benchmarks/NOTES.md)."""
-  m = jnp.where(mask, 1.0, 0.0).astype(jnp.bfloat16)
-  out, rest = None, x
-  for _ in range(parts):
-    part = rest.astype(jnp.bfloat16)
-    rest = rest - part.astype(F32)
-    term = dot_tn(m, part) if transpose else dot(m, part)
-    out = term if out is None else out + term
-  return out
+def _two_sum(a, b):
+  """(a + b rounded, its rounding error): exact, Knuth's TwoSum."""
+  s = a + b
+  v = s - a
+  return s, (a - (s - v)) + (b - v)
+
+
+def _double_float_add(x, y):
+  hi, err = _two_sum(x[0], y[0])
+  err = err + (x[1] + y[1])
+  s = hi + err
+  return s, err - (s - hi)
+
+
+def _chunk_cumsum_hi_lo(x):
+  """The chunk-local inclusive cumsum b of x [..., T] (float32) as an unevaluated sum hi + lo (a
+  prefix scan in double-float arithmetic, ~2^-44 relative): b_t - b_s = (hi_t - hi_s) + (lo_t - lo_s)
+  then keeps float32 precision where b is in the hundreds and b_t - b_s is small."""
+  xc = x.reshape(*x.shape[:-1], x.shape[-1] // CHUNK, CHUNK)
+  hi, lo = lax.associative_scan(_double_float_add, (xc, jnp.zeros_like(xc)), axis=xc.ndim - 1)
+  return hi.reshape(x.shape), lo.reshape(x.shape)
 
 
 def _max_weight(a, b):
@@ -134,17 +143,16 @@ def _last(x, axis=0):
   return jnp.sum(jnp.where(iota(x.shape, axis) == x.shape[axis] - 1, x, 0.0), axis=axis)
 
 
-def _chunk(lf, b, ig, m0) -> _Chunk:
-  """lf, b (its chunk-local inclusive cumsum), ig: [C] float32 rows; m0 a scalar or a row [C] (the
-  chunk-start m)."""
-  C = lf.shape[0]
+def _chunk(bh, bl, ig, m0) -> _Chunk:
+  """bh + bl: the chunk-local inclusive cumsum b of log f (`_chunk_cumsum_hi_lo`), ig: [C] float32
+  rows; m0 a scalar or a row [C] (the chunk-start m)."""
+  C = bh.shape[0]
   t, s = iota((C, C), 0), iota((C, C), 1)
   causal = s <= t
-  strict_lf = jnp.where(s < t, lf[:, None], 0.0)              # [r, s]: log f_r where s < r
-  D = _mask_dot(causal, strict_lf)                            # D_ts = sum_{s < r <= t} log f_r
+  D = (bh[:, None] - bh[None, :]) + (bl[:, None] - bl[None, :])  # sum_{s < r <= t} log f_r
   L = jnp.where(causal, D + ig[None, :], -jnp.inf)
   mrow = jnp.max(L, axis=1)
-  x = b + m0
+  x = (bh + bl) + m0
   m = jnp.maximum(x, mrow)
   E = jnp.exp(L - m[:, None])
   m_end = _last(m)
@@ -174,7 +182,7 @@ def _leave(flags_ref, c, refs, values):
 # --- forward state pass with the output ----------------------------------------------------------
 
 def _forward_kernel(*refs, NT, scale, is_varlen, save):
-  q_ref, k_ref, v_ref, lf_ref, b_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:9]
+  q_ref, k_ref, v_ref, bh_ref, bl_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:9]
   refs = refs[9:]
   starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
   refs = refs[2:] if is_varlen else refs
@@ -195,7 +203,7 @@ def _forward_kernel(*refs, NT, scale, is_varlen, save):
       nh_ref[c] = n
       m0t_ref[sl] = jnp.zeros((C,), F32) + m
     q, k, v = q_ref[sl, :], k_ref[sl, :], v_ref[sl, :]
-    ch = _chunk(lf_ref[sl], b_ref[sl], i_ref[sl], m)
+    ch = _chunk(bh_ref[sl], bl_ref[sl], i_ref[sl], m)
     P = dot_nt(q, k, prec) * (ch.E * scale)
     qt = q.astype(F32) * (scale * jnp.exp(ch.x - ch.m))[:, None]
     num = dot(qt.astype(dt), S.astype(dt), prec) + dot(P.astype(dt), v, prec)
@@ -283,7 +291,7 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
   m16 = jnp.broadcast_to(m0[..., None], (*m0.shape, MW))
-  args = [q, k, v, lf, chunk_cumsum(lf, CHUNK), ig, C0, n0, m16]
+  args = [q, k, v, *_chunk_cumsum_hi_lo(lf), ig, C0, n0, m16]
   in_specs = [sp.tok(K, False), sp.tok(K, False), sp.tok(BV, True), sp.row(), sp.row(), sp.row(),
               sp.state(None, True), sp.state(K, False), sp.state(MW, False)]
   if st.is_varlen:
@@ -377,18 +385,19 @@ def _dstate(st: Static, q, do, sq, decay, rz, dd, dCT, dnT, starts, ends):
 
 # --- backward: the chunk-parallel gradients -------------------------------------------------------
 
-def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, b_ref, i_ref, m0t_ref, rz_ref, dd_ref, dmn_ref,
-                   h_ref, n0_ref, dh_ref, dn_ref, dq_ref, dk_ref, dv_ref, di_ref, dlf_ref, dm0_ref,
+def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, bh_ref, bl_ref, i_ref, m0t_ref, rz_ref, dd_ref,
+                   dmn_ref, h_ref, n0_ref, dh_ref, dn_ref, dq_ref, dk_ref, dv_ref, di_ref, db_ref,
+                   dm0_ref,
                    *, scale, bv):
-  """One chunk and head (all of K; V in blocks of bv). di, dlog f and dm0 are the chunk's own, with
+  """One chunk and head (all of K; V in blocks of bv). di, db and dm0 are the chunk's own, with
   a zero cotangent on its end m' (the caller adds that share)."""
   C, K = k_ref.shape
   V = v_ref.shape[-1]
   dt = q_ref.dtype
   prec = precision(dt)
   q, k = q_ref[...], k_ref[...]
-  lf, rz, dd = lf_ref[...], rz_ref[...], dd_ref[...]
-  ch = _chunk(lf, b_ref[...], i_ref[...], m0t_ref[...])
+  rz, dd = rz_ref[...], dd_ref[...]
+  ch = _chunk(bh_ref[...], bl_ref[...], i_ref[...], m0t_ref[...])
   P = dot_nt(q, k, prec) * (ch.E * scale)
   kw = k.astype(F32) * ch.w[:, None]
   kw_c, P_c = kw.astype(dt), P.astype(dt)
@@ -424,19 +433,18 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, lf_ref, b_ref, i_ref, m0t_ref, r
   dx = dm * wx + dz
   hit = jnp.where(ch.L == ch.mrow[:, None], 1.0, 0.0)         # -inf above the diagonal never hits
   dL += hit * (dm * (1.0 - wx) / jnp.sum(hit, axis=1))[:, None]
-  # L = D + i, D_ts = sum_{s < r <= t} log f_r; log w_s = L_{C-1,s} - m'; x = b + m0, b_C in decay.
-  t, s = iota((C, C), 0), iota((C, C), 1)
-  Y = _mask_dot(ch.causal, dL, transpose=True)                # [r, s] sum_{t >= r} dL_ts
-  dlf = (jnp.sum(jnp.where(s < t, Y + dw[None, :], 0.0), axis=1)
-         + jnp.sum(jnp.where(s >= t, dx[None, :], 0.0), axis=1) + zdec)
+  # The cotangent of b (the caller's reverse chunk cumsum turns it into dlog f): L_ts = b_t - b_s
+  # + i_s, log w_s = b_{C-1} - b_s + i_s - m', x = b + m0, and b_{C-1} in the decay.
+  db = (jnp.sum(dL, axis=1) - jnp.sum(dL, axis=0) + dx - dw
+        + jnp.where(rows == C - 1, zdec + jnp.sum(dw), 0.0))
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   di_ref[...] = jnp.sum(dL, axis=0) + dw
-  dlf_ref[...] = dlf
+  db_ref[...] = db
   dm0_ref[...] = jnp.where(rows == 0, zdec + jnp.sum(dx), 0.0)
 
 
-def _dchunk(st: Static, q, k, v, do, lf, b, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
+def _dchunk(st: Static, q, k, v, do, bh, bl, ig, m0t, rz, dd, dmn, h, nh, dh, dnh):
   B, T, H, K = q.shape
   V = v.shape[-1]
   C, NT = CHUNK, T // CHUNK
@@ -449,9 +457,9 @@ def _dchunk(st: Static, q, k, v, do, lf, b, ig, m0t, rz, dd, dmn, h, nh, dh, dnh
                  [tok(K), tok(K), tok(V), tok(V)] + [row] * 7 + [state, vec, state, vec],
                  [tok(K), tok(K), tok(V)] + [row] * 3,
                  [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(v.shape, q.dtype)]
-                 + [sds(lf.shape, F32)] * 3,
+                 + [sds(ig.shape, F32)] * 3,
                  st, st.cfg.warps_chunk, st.cfg.stages_chunk)(
-                     q, k, v, do, lf, b, ig, m0t, rz, dd, dmn, h, nh, dh, dnh)
+                     q, k, v, do, bh, bl, ig, m0t, rz, dd, dmn, h, nh, dh, dnh)
 
 
 # --- the custom_vjp -------------------------------------------------------------------------------
@@ -498,20 +506,19 @@ def _chunk_mlstm_bwd(st, res, cts):
   wa = _max_weight(jnp.abs(den), floor)
   dd = dZ * wa * jnp.sign(den)
   dmn = -floor * below_cap * dZ * (1.0 - wa)
-  b = chunk_cumsum(lf, CHUNK)
-  x = b + m0t
+  bh, bl = _chunk_cumsum_hi_lo(lf)
+  x = (bh + bl) + m0t
   x_end, m_end = (jnp.repeat(_chunks(a)[..., -1], CHUNK, axis=-1) for a in (x, mt))
   sq = st.scale * jnp.exp(x - mt)
   dh, dnh, dC0, dn0 = _dstate(st, q, do, sq, jnp.exp(x_end - m_end), 1.0 / Z, dd, dCT, dnT, starts,
                               ends)
-  dq, dk, dv, di, dlf, dm0_rows = _dchunk(st, q, k, v, do, lf, b, ig, m0t, 1.0 / Z, dd, dmn, h,
-                                          nh, dh, dnh)
+  dq, dk, dv, di, db, dm0_rows = _dchunk(st, q, k, v, do, bh, bl, ig, m0t, 1.0 / Z, dd, dmn, h,
+                                         nh, dh, dnh)
   # The cotangent of each chunk's end m' (dm'_c = dm0_{c+1}, or the final state's at a sequence's
   # end): dm0_c = local_c + coef_c dm'_c, one reverse associative scan of affine maps.
   lf_c, ig_c, m0_c = _chunks(lf), _chunks(ig), m0t[..., ::CHUNK]
   local = dm0_rows[..., ::CHUNK]
-  x_end = jnp.sum(lf_c, axis=-1) + m0_c
-  coef = _max_weight(x_end, jnp.max(suffix_sum(lf_c) + ig_c, axis=-1))
+  coef = _max_weight(jnp.sum(lf_c, axis=-1) + m0_c, jnp.max(suffix_sum(lf_c) + ig_c, axis=-1))
   B, H, NT = local.shape
   if st.is_varlen:
     is_end = ends >= 0
@@ -526,7 +533,7 @@ def _chunk_mlstm_bwd(st, res, cts):
   dm_next = jnp.where(is_end, dm_end, jnp.concatenate([y[..., 1:], jnp.zeros_like(y[..., :1])], -1))
   _, vjp = jax.vjp(lambda a, b: _chunk_end_m(a, b, m0_c), lf_c, ig_c)
   dlf_end, di_end = vjp(dm_next)
-  dlf = dlf + dlf_end.reshape(dlf.shape)
+  dlf = chunk_cumsum(db, CHUNK, reverse=True) + dlf_end.reshape(db.shape)
   di = di + di_end.reshape(di.shape)
   if st.is_varlen:
     first = jnp.where(starts >= 0, starts, dmT.shape[0])      # chunk -> its sequence, or a dummy
