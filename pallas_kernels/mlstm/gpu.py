@@ -281,8 +281,8 @@ def _launch(kernel, grid, in_specs, out_specs, out_shape, st, warps, stages):
                         interpret=st.interpret)
 
 
-def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
-  """Padded inputs; lf, ig [B, H, T] float32; C0 [N, H, K, V], n0 [N, H, K], m0 [N, H] float32.
+def _forward(st: Static, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save: bool):
+  """Padded inputs; bh + bl the chunk-local cumsum of log f, ig: [B, H, T] float32; C0 [N, H, K, V], n0 [N, H, K], m0 [N, H] float32.
   Returns o, (C, n, m) and, with save, (h [B, NT, H, K, V], n at chunk starts [B, NT, H, K],
   m0 per token [B, H, T], m_t [B, H, T], den [B, H, T])."""
   B, T, H, K = q.shape
@@ -291,7 +291,7 @@ def _forward(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, save: bool):
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
   m16 = jnp.broadcast_to(m0[..., None], (*m0.shape, MW))
-  args = [q, k, v, *_chunk_cumsum_hi_lo(lf), ig, C0, n0, m16]
+  args = [q, k, v, bh, bl, ig, C0, n0, m16]
   in_specs = [sp.tok(K, False), sp.tok(K, False), sp.tok(BV, True), sp.row(), sp.row(), sp.row(),
               sp.state(None, True), sp.state(K, False), sp.state(MW, False)]
   if st.is_varlen:
@@ -479,7 +479,8 @@ def _chunks(x):
 def _chunk_mlstm(st: Static, q, k, v, lf, ig, C0, n0, m0, starts, ends, empty):
   """(o, (C, n, m)) of padded inputs (lf, ig [B, H, T] float32; `empty` [N]: sequences without
   tokens, which keep their initial state)."""
-  o, final, _ = _forward(st, q, k, v, lf, ig, C0, n0, m0, starts, ends, save=False)
+  o, final, _ = _forward(st, q, k, v, *_chunk_cumsum_hi_lo(lf), ig, C0, n0, m0, starts, ends,
+                         save=False)
   return o, _keep_empty(empty, final, (C0, n0, m0))
 
 
@@ -490,13 +491,14 @@ def _keep_empty(empty, new, old):
 
 
 def _chunk_mlstm_fwd(st, q, k, v, lf, ig, C0, n0, m0, starts, ends, empty):
-  o, final, saved = _forward(st, q, k, v, lf, ig, C0, n0, m0, starts, ends, save=True)
+  bh, bl = _chunk_cumsum_hi_lo(lf)
+  o, final, saved = _forward(st, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save=True)
   out = (o, _keep_empty(empty, final, (C0, n0, m0)))
-  return out, (q, k, v, lf, ig, starts, ends, empty, o, *saved)
+  return out, (q, k, v, lf, bh, bl, ig, starts, ends, empty, o, *saved)
 
 
 def _chunk_mlstm_bwd(st, res, cts):
-  q, k, v, lf, ig, starts, ends, empty, o, h, nh, m0t, mt, den = res
+  q, k, v, lf, bh, bl, ig, starts, ends, empty, o, h, nh, m0t, mt, den = res
   do, (dCT, dnT, dmT) = cts
   do = do.astype(q.dtype)
   # Per token: o = num / Z, Z = max(|den|, floor(m_t)) + eps.
@@ -506,7 +508,6 @@ def _chunk_mlstm_bwd(st, res, cts):
   wa = _max_weight(jnp.abs(den), floor)
   dd = dZ * wa * jnp.sign(den)
   dmn = -floor * below_cap * dZ * (1.0 - wa)
-  bh, bl = _chunk_cumsum_hi_lo(lf)
   x = (bh + bl) + m0t
   x_end, m_end = (jnp.repeat(_chunks(a)[..., -1], CHUNK, axis=-1) for a in (x, mt))
   sq = st.scale * jnp.exp(x - mt)
