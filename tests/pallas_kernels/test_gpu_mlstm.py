@@ -1,8 +1,8 @@
-"""mLSTM's Pallas GPU kernels (pallas_kernels/mlstm/gpu.py, Triton lowering) against the float32
-reference through the harness: o, the final state (C, n, m) and the gradients of q, k, v, i, f and of
-every initial-state leaf. Interpret mode on CPU (few, small cases: each compiles the kernels in
-seconds of CPU), the Triton lowering of forward, backward and decode (jax.export for CUDA on CPU),
-and the device matrix on a real GPU (marker `gpu`)."""
+"""mLSTM's Pallas GPU kernels (pallas_kernels/mlstm/gpu.py and gpu_chunk.py, Triton lowering)
+against the float32 reference through the harness: o, the final state (C, n, m) and the gradients
+of q, k, v, i, f and of every initial-state leaf. Interpret mode on CPU (few, small cases: each
+compiles the kernels in seconds of CPU), the Triton lowering of forward, backward and decode
+(jax.export for CUDA on CPU), and the device matrix on a real GPU (marker `gpu`)."""
 import dataclasses
 import time
 
@@ -34,8 +34,8 @@ INTERPRET_CASES = [
 
 
 @pytest.mark.parametrize("case,kind,T,H,K,V,dtype,varlen", INTERPRET_CASES,
-                         ids=[f"{c[0].name}-{c[1]}-T{c[2]}-K{c[4]}-V{c[5]}-{c[6]}{'-varlen' if c[7] else ''}"
-                              for c in INTERPRET_CASES])
+                         ids=[f"{c[0].name}-{c[1]}-T{c[2]}-K{c[4]}-V{c[5]}-{c[6]}"
+                              + ("-varlen" if c[7] else "") for c in INTERPRET_CASES])
 def test_interpret(case, kind, T, H, K, V, dtype, varlen):
   harness.check_op(case, kind=kind, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu", interpret=True,
                    varlen=varlen)
@@ -76,7 +76,8 @@ def test_unsupported_inputs_fall_back_or_raise():
   assert "K=300" in mlstm_gpu.unsupported(*x.values())
   narrow = dict(x, q=x["q"][..., :256], k=x["k"][..., :256])
   assert mlstm_gpu.unsupported(*narrow.values()) is None
-  assert "dtype int32" in mlstm_gpu.unsupported(*dict(narrow, q=narrow["q"].astype(jnp.int32)).values())
+  ints = dict(narrow, q=narrow["q"].astype(jnp.int32))
+  assert "dtype int32" in mlstm_gpu.unsupported(*ints.values())
   with pytest.raises(ValueError, match="cannot run"):
     MLSTM.chunk(*x.values(), backend="gpu", interpret=True)
 
