@@ -3,7 +3,10 @@
 Each family folder holds backend modules named after the backend (`reference.py`, `xla.py`,
 `gpu.py`, `tpu.py`); a module implements an op kind by defining `chunk_<mixer>` and/or
 `fused_recurrent_<mixer>`. `backend="auto"` takes the Pallas kernel of the current platform when the
-family has one, and the xla path otherwise (always on CPU).
+family has one, and the xla path otherwise (always on CPU). A Pallas module that sets `AUTO = False`
+is opt-in: it runs only under an explicit `backend=`, because it has not yet been compiled and timed
+on that platform's hardware (interpret mode proves it correct, not that it compiles fast or beats
+the xla path there).
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ def resolve(family: str, kind: str, backend: str = "auto", interpret: bool = Fal
   explicit = backend != "auto"
   if backend == "auto":
     backend = platform() if platform() in PALLAS_BACKENDS else "xla"
+    if backend in PALLAS_BACKENDS and not auto_selects(family, backend):
+      backend = "xla"
   fn = _find(family, backend, kind, mixer)
   if fn is None:
     if explicit and backend in PALLAS_BACKENDS:
@@ -67,6 +72,12 @@ def resolve(family: str, kind: str, backend: str = "auto", interpret: bool = Fal
       return _find(family, "xla", kind, mixer)
     return functools.partial(fn, interpret=interpret)
   return fn
+
+
+def auto_selects(family: str, backend: str) -> bool:
+  """Whether `backend="auto"` may take this Pallas backend's module (see `AUTO` above)."""
+  mod = _module(family, backend)
+  return mod is not None and getattr(mod, "AUTO", True)
 
 
 FAMILIES = ("linear_attn", "retention", "simple_gla", "gla", "rwkv6", "delta_rule", "gated_delta_rule",

@@ -86,10 +86,11 @@ def test_state_errors_name_the_argument():
 def test_auto_takes_the_platform_kernel_wherever_the_table_says_there_is_one(family, platform,
                                                                             monkeypatch):
   """What `backend="auto"` resolves to on a GPU or TPU host, without one: the family's Pallas module
-  when support_table() lists it, else the xla path."""
+  when support_table() lists it and the module is not opt-in (`AUTO = False`), else the xla path."""
   monkeypatch.setattr(dispatch, "platform", lambda: platform)
   for kind in dispatch.KINDS:
     fn = dispatch.resolve(family, kind)
-    expected = platform if dispatch.support_table()[family, kind, platform] else "xla"
+    listed = dispatch.support_table()[family, kind, platform]
+    expected = platform if listed and dispatch.auto_selects(family, platform) else "xla"
     module = importlib.import_module(f"pallas_kernels.{family}.{expected}")
     assert getattr(fn, "func", fn) is getattr(module, f"{kind}_{family}")
