@@ -55,11 +55,12 @@ class Config(NamedTuple):
   bv_state: int = 32      # value tile of the state and dh passes
   warps_state: int = 4
   stages_state: int = 2
-  bk_intra: int = 64      # key slice the intra kernel loops over (registers, not the grid)
-  warps_intra: int = 4
-  bk_dqkg: int = 64       # key tile (grid axis) of the dq/dk/dg kernel
+  bk_intra: int = 128     # key slice the intra kernel loops over (registers, not the grid)
+  warps_intra: int = 8
+  bk_dqkg: int = 32       # key tile (grid axis) of the dq/dk/dg kernel
   warps_dqkg: int = 4
   stages_chunk: int = 1   # chunk-parallel kernels
+  ref_mode: int = 1       # how the levels' reference rows are read (`_ref_rows`)
 
 
 DEFAULT = Config()
@@ -92,19 +93,34 @@ def _levels(C):
   return [C >> i for i in range(1, C.bit_length()) if C >> i]
 
 
-def _same_group(C, s):
-  """[C, C]: rows i and j lie in one 2s-row group."""
-  return iota((C, C), 0) // (2 * s) == iota((C, C), 1) // (2 * s)
+def _in_groups(C, s, X):
+  """X [C, C] with the entries (i, j) of rows in different 2s-row groups zeroed."""
+  if 2 * s == C:
+    return X
+  return jnp.where(iota((C, C), 0) // (2 * s) == iota((C, C), 1) // (2 * s), X, 0.0)
 
 
-def _level_factors(g_ref, cols, G, Gq, s):
+def _ref_rows(g_ref, cols, G, s, mode):
+  """[C, BK]: G at row e of every row's 2s-row group, e the last row of the group's lower half.
+  mode 0 gathers the rows from g_ref, mode 1 loads them strided and broadcasts, mode 2 selects them
+  from the loaded G (no memory access)."""
+  C, BK = G.shape
+  n = C // (2 * s)
+  if mode == 0:
+    return g_ref[(iota((C,), 0) // (2 * s)) * (2 * s) + s - 1, cols]
+  if mode == 1:
+    G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
+  else:
+    G3 = G.reshape(n, 2 * s, BK)
+    G_e = jnp.sum(jnp.where(iota((n, 2 * s, BK), 1) == s - 1, G3, 0.0), axis=1)
+  return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, BK)).reshape(C, BK)
+
+
+def _level_factors(G_e, G, Gq, s):
   """Level s's decays [C, BK]: exp(Gq_i - G_e) on the rows of upper halves (0 elsewhere) and
-  exp(G_e - G_j) on the rows of lower halves (0 elsewhere), e the last row of the group's lower half.
-  One exp: each row is in exactly one half, and both exponents are <= 0."""
-  C = G.shape[0]
-  row = iota((C,), 0)
-  G_e = g_ref[(row // (2 * s)) * (2 * s) + s - 1, cols]      # row e of every row's group
-  upper = (iota((C, 1), 0) // s) % 2 == 1
+  exp(G_e - G_j) on the rows of lower halves (0 elsewhere), G_e from `_ref_rows`. One exp: each row
+  is in exactly one half, and both exponents are <= 0."""
+  upper = (iota((G.shape[0], 1), 0) // s) % 2 == 1
   E = jnp.exp(jnp.where(upper, Gq - G_e, G_e - G))
   return jnp.where(upper, E, 0.0), jnp.where(upper, 0.0, E)
 
@@ -130,12 +146,16 @@ def _gate_cumsum(g, st: _Static):
 
 # --- 2. forward: intra-chunk scores and the decayed queries and keys ------------------------------
 
-def _intra_kernel(*refs, scale, exclusive, bk):
-  """One chunk and head, looping over key slices of bk channels: A accumulates every level's masked
-  dot (qf q)(kf k)^T and the diagonal; qd and kd are written slice by slice."""
-  q_ref, k_ref, g_ref = refs[:3]
-  graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
-  a_ref, qd_ref, kd_ref = refs[-3:]
+def _intra_kernel(*refs, scale, exclusive, bk, ref_mode):
+  """One chunk and head, looping over key slices of bk channels: qd and kd are written slice by
+  slice, A accumulates every level's masked dot (qf q)(kf k)^T and the diagonal. With ref_mode 2 the
+  kernel forms G itself from the raw gates (and writes it); else it reads G."""
+  refs = list(refs)
+  fused = ref_mode == 2
+  q_ref, k_ref, x_ref = refs[:3]                 # x: the raw gates g when fused, else G
+  graw_ref = x_ref if fused else (refs.pop(3) if exclusive else None)
+  u_ref = refs[3] if exclusive else None
+  a_ref, qd_ref, kd_ref = refs[-4:-1] if fused else refs[-3:]
   C, K = k_ref.shape
   dt = q_ref.dtype
   prec = precision(dt)
@@ -143,40 +163,53 @@ def _intra_kernel(*refs, scale, exclusive, bk):
   diag = jnp.zeros((C,), F32)
   for k0 in range(0, K, bk):
     cols = pl.ds(k0, bk)
-    q, k, G = q_ref[:, cols].astype(F32), k_ref[:, cols].astype(F32), g_ref[:, cols]
+    q, k = q_ref[:, cols].astype(F32), k_ref[:, cols].astype(F32)
+    if fused:
+      G = jnp.cumsum(x_ref[:, cols], axis=0)
+      refs[-1][:, cols] = G
+      g_last = jnp.sum(jnp.where(iota(G.shape, 0) == C - 1, G, 0.0), axis=0)  # exactly G's last row
+    else:
+      G, g_last = x_ref[:, cols], x_ref[C - 1, cols]
     Gq = G - graw_ref[:, cols] if exclusive else G
-    for s in _levels(C):
-      qf, kf = _level_factors(g_ref, cols, G, Gq, s)
-      A += jnp.where(_same_group(C, s),
-                     dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec), 0.0)
-    diag += jnp.sum(q * (k * u_ref[cols][None, :] if exclusive else k), axis=1)
     qd_ref[:, cols] = (q * (jnp.exp(Gq) * scale)).astype(dt)
-    kd_ref[:, cols] = (k * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
+    kd_ref[:, cols] = (k * jnp.exp(g_last[None, :] - G)).astype(dt)
+    diag += jnp.sum(q * (k * u_ref[cols][None, :] if exclusive else k), axis=1)
+    for s in _levels(C):
+      qf, kf = _level_factors(_ref_rows(x_ref, cols, G, s, ref_mode), G, Gq, s)
+      A += _in_groups(C, s, dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec))
   a_ref[...] = (jnp.where(_eye(C), diag[:, None], A) * scale).astype(a_ref.dtype)
 
 
-def _intra(q, k, G, g, u, st: _Static):
+def _intra(q, k, g, u, st: _Static):
   """Returns A [B, T, H, C] (row t: token t's scores over its chunk), qd and kd [B, T, H, K], all in
-  the input dtype."""
+  the input dtype, and G [B, T, H, K] (float32)."""
   B, T, H, K = q.shape
   sp = Specs(H, CHUNK, T)
-  args, specs = [q, k, G], [sp.chunk_tok(K)] * 3
+  fused = st.cfg.ref_mode == 2
+  G = None if fused else _gate_cumsum(g, st)
+  args, specs = [q, k, g if fused else G], [sp.chunk_tok(K)] * 3
   if st.exclusive:
-    args += [g, u]
-    specs += [sp.chunk_tok(K), pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0))]
+    if not fused:
+      args.append(g)
+      specs.append(sp.chunk_tok(K))
+    args.append(u)
+    specs.append(pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0)))
   kern = functools.partial(_intra_kernel, scale=st.scale, exclusive=st.exclusive,
-                           bk=min(st.cfg.bk_intra, K))
-  return call(kern, (sp.NT, B * H), specs, [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)],
-              [sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)],
-              interpret=st.interpret, warps=st.cfg.warps_intra,
-              stages=st.cfg.stages_chunk)(*args)
+                           bk=min(st.cfg.bk_intra, K), ref_mode=st.cfg.ref_mode)
+  out_specs = [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)] + [sp.chunk_tok(K)] * fused
+  outs = ([sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)]
+          + [sds(q.shape, F32)] * fused)
+  A, qd, kd, *G_out = call(kern, (sp.NT, B * H), specs, out_specs, outs, interpret=st.interpret,
+                           warps=st.cfg.warps_intra, stages=st.cfg.stages_chunk)(*args)
+  return A, qd, kd, (G_out[0] if fused else G)
 
 
 # --- 5. backward: dq, dk, dg ----------------------------------------------------------------------
 
-def _dqkg_kernel(*refs, scale, exclusive):
+def _dqkg_kernel(*refs, scale, exclusive, ref_mode):
   """One chunk, head and key tile (q, k, G, kd, h, dh hold that tile of the key axis; v, do all of
-  V)."""
+  V). The parts that read the states come first, so that only the chunk's tiles stay live through
+  the levels."""
   q_ref, k_ref, g_ref = refs[:3]
   graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
   kd_ref, v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[5:13] if exclusive else (
@@ -184,17 +217,21 @@ def _dqkg_kernel(*refs, scale, exclusive):
   C, BK = k_ref.shape
   dt = q_ref.dtype
   prec = precision(dt)
-  q, k, G = q_ref[...].astype(F32), k_ref[...].astype(F32), g_ref[...]
+  G = g_ref[...]
   Gq = G - graw_ref[...] if exclusive else G
   g_last = g_ref[C - 1, :]
   do, v, h, dh = do_ref[...], v_ref[...], h_ref[...], dh_ref[...]
-  dA = dot_nt(do, v, prec) * scale                            # dA_ij = scale do_i . v_j
+  # The gradient of G_C through the state update, sum_v dh * S_end: in every row's dg.
+  S_end = h.astype(F32) * jnp.exp(g_last)[:, None] + dot_tn(kd_ref[...], v, prec)
+  later = jnp.sum(S_end * dh.astype(F32), axis=1)[None, :]
   dq = dot_nt(do, h, prec) * (jnp.exp(Gq) * scale)             # state parts
   dk = dot_nt(v, dh, prec) * jnp.exp(g_last[None, :] - G)
+  dA = dot_nt(do, v, prec) * scale                            # dA_ij = scale do_i . v_j
+  q, k = q_ref[...].astype(F32), k_ref[...].astype(F32)
   cols = pl.ds(0, BK)
   for s in _levels(C):
-    qf, kf = _level_factors(g_ref, cols, G, Gq, s)
-    dA_s = jnp.where(_same_group(C, s), dA, 0.0).astype(dt)
+    qf, kf = _level_factors(_ref_rows(g_ref, cols, G, s, ref_mode), G, Gq, s)
+    dA_s = _in_groups(C, s, dA).astype(dt)
     dq += qf * dot(dA_s, (k * kf).astype(dt), prec)
     dk += kf * dot_tn(dA_s, (q * qf).astype(dt), prec)
   dA_ii = jnp.sum(jnp.where(_eye(C), dA, 0.0), axis=1)[:, None]
@@ -207,9 +244,6 @@ def _dqkg_kernel(*refs, scale, exclusive):
     dk += dA_ii * q
   dq_ref[...] = dq.astype(dq_ref.dtype)
   dk_ref[...] = dk.astype(dk_ref.dtype)
-  # The gradient of G_C through the state update, sum_v dh * S_end: in every row's dg.
-  S_end = h.astype(F32) * jnp.exp(g_last)[:, None] + dot_tn(kd_ref[...], v, prec)
-  later = jnp.sum(S_end * dh.astype(F32), axis=1)[None, :]
   dGq = q * dq
   dG = dGq - k * dk                                           # (the bonus's terms cancel here)
   dg = later + jnp.sum(dG, axis=0)[None, :] - jnp.cumsum(dG, axis=0) + dG   # rows >= t
@@ -238,7 +272,8 @@ def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
     outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
     out_specs.append(pl.BlockSpec((None, None, None, BK),
                                   lambda ik, n, bh: (bh // H, n, bh % H, ik)))
-  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
+  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive,
+                           ref_mode=st.cfg.ref_mode)
   dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), specs + [tile, full, full, state, state],
                          out_specs, outs, interpret=st.interpret, warps=st.cfg.warps_dqkg,
                          stages=st.cfg.stages_chunk)(*args, kd, v, do, h, dh)
@@ -250,8 +285,7 @@ def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
 def _forward(st: _Static, q, k, v, g, u, h0, starts, ends, *, want_h):
   """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
   cfg = st.cfg
-  G = _gate_cumsum(g, st)
-  A, qd, kd = _intra(q, k, G, g, u, st)
+  A, qd, kd, G = _intra(q, k, g, u, st)
   o, ht, h = state_pass(qd, kd, v, A, G, h0, starts, ends, want_h=want_h, varlen_=st.varlen,
                         interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
                         stages=cfg.stages_state)
