@@ -60,7 +60,6 @@ class Config(NamedTuple):
   bk_dqkg: int = 32       # key tile (grid axis) of the dq/dk/dg kernel
   warps_dqkg: int = 4
   stages_chunk: int = 1   # chunk-parallel kernels
-  ref_mode: int = 1       # how the levels' reference rows are read (`_ref_rows`)
 
 
 DEFAULT = Config()
@@ -100,20 +99,13 @@ def _in_groups(C, s, X):
   return jnp.where(iota((C, C), 0) // (2 * s) == iota((C, C), 1) // (2 * s), X, 0.0)
 
 
-def _ref_rows(g_ref, cols, G, s, mode):
-  """[C, BK]: G at row e of every row's 2s-row group, e the last row of the group's lower half.
-  mode 0 gathers the rows from g_ref, mode 1 loads them strided and broadcasts, mode 2 selects them
-  from the loaded G (no memory access)."""
-  C, BK = G.shape
+def _ref_rows(g_ref, cols, s):
+  """[C, BK]: G at row e of every row's 2s-row group, e the last row of the group's lower half: the
+  C / 2s rows e loaded strided (a gather's [C, BK] pointer tensor costs registers), then broadcast."""
+  C = g_ref.shape[0]
   n = C // (2 * s)
-  if mode == 0:
-    return g_ref[(iota((C,), 0) // (2 * s)) * (2 * s) + s - 1, cols]
-  if mode == 1:
-    G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
-  else:
-    G3 = G.reshape(n, 2 * s, BK)
-    G_e = jnp.sum(jnp.where(iota((n, 2 * s, BK), 1) == s - 1, G3, 0.0), axis=1)
-  return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, BK)).reshape(C, BK)
+  G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
+  return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, G_e.shape[1])).reshape(C, G_e.shape[1])
 
 
 def _level_factors(G_e, G, Gq, s):
@@ -146,16 +138,12 @@ def _gate_cumsum(g, st: _Static):
 
 # --- 2. forward: intra-chunk scores and the decayed queries and keys ------------------------------
 
-def _intra_kernel(*refs, scale, exclusive, bk, ref_mode):
+def _intra_kernel(*refs, scale, exclusive, bk):
   """One chunk and head, looping over key slices of bk channels: qd and kd are written slice by
-  slice, A accumulates every level's masked dot (qf q)(kf k)^T and the diagonal. With ref_mode 2 the
-  kernel forms G itself from the raw gates (and writes it); else it reads G."""
-  refs = list(refs)
-  fused = ref_mode == 2
-  q_ref, k_ref, x_ref = refs[:3]                 # x: the raw gates g when fused, else G
-  graw_ref = x_ref if fused else (refs.pop(3) if exclusive else None)
-  u_ref = refs[3] if exclusive else None
-  a_ref, qd_ref, kd_ref = refs[-4:-1] if fused else refs[-3:]
+  slice, A accumulates every level's masked dot (qf q)(kf k)^T and the diagonal."""
+  q_ref, k_ref, g_ref = refs[:3]
+  graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
+  a_ref, qd_ref, kd_ref = refs[-3:]
   C, K = k_ref.shape
   dt = q_ref.dtype
   prec = precision(dt)
@@ -163,50 +151,37 @@ def _intra_kernel(*refs, scale, exclusive, bk, ref_mode):
   diag = jnp.zeros((C,), F32)
   for k0 in range(0, K, bk):
     cols = pl.ds(k0, bk)
-    q, k = q_ref[:, cols].astype(F32), k_ref[:, cols].astype(F32)
-    if fused:
-      G = jnp.cumsum(x_ref[:, cols], axis=0)
-      refs[-1][:, cols] = G
-      g_last = jnp.sum(jnp.where(iota(G.shape, 0) == C - 1, G, 0.0), axis=0)  # exactly G's last row
-    else:
-      G, g_last = x_ref[:, cols], x_ref[C - 1, cols]
+    q, k, G = q_ref[:, cols].astype(F32), k_ref[:, cols].astype(F32), g_ref[:, cols]
     Gq = G - graw_ref[:, cols] if exclusive else G
     qd_ref[:, cols] = (q * (jnp.exp(Gq) * scale)).astype(dt)
-    kd_ref[:, cols] = (k * jnp.exp(g_last[None, :] - G)).astype(dt)
+    kd_ref[:, cols] = (k * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
     diag += jnp.sum(q * (k * u_ref[cols][None, :] if exclusive else k), axis=1)
     for s in _levels(C):
-      qf, kf = _level_factors(_ref_rows(x_ref, cols, G, s, ref_mode), G, Gq, s)
+      qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
       A += _in_groups(C, s, dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec))
   a_ref[...] = (jnp.where(_eye(C), diag[:, None], A) * scale).astype(a_ref.dtype)
 
 
-def _intra(q, k, g, u, st: _Static):
+def _intra(q, k, G, g, u, st: _Static):
   """Returns A [B, T, H, C] (row t: token t's scores over its chunk), qd and kd [B, T, H, K], all in
-  the input dtype, and G [B, T, H, K] (float32)."""
+  the input dtype."""
   B, T, H, K = q.shape
   sp = Specs(H, CHUNK, T)
-  fused = st.cfg.ref_mode == 2
-  G = None if fused else _gate_cumsum(g, st)
-  args, specs = [q, k, g if fused else G], [sp.chunk_tok(K)] * 3
+  args, specs = [q, k, G], [sp.chunk_tok(K)] * 3
   if st.exclusive:
-    if not fused:
-      args.append(g)
-      specs.append(sp.chunk_tok(K))
-    args.append(u)
-    specs.append(pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0)))
+    args += [g, u]
+    specs += [sp.chunk_tok(K), pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0))]
   kern = functools.partial(_intra_kernel, scale=st.scale, exclusive=st.exclusive,
-                           bk=min(st.cfg.bk_intra, K), ref_mode=st.cfg.ref_mode)
-  out_specs = [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)] + [sp.chunk_tok(K)] * fused
-  outs = ([sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)]
-          + [sds(q.shape, F32)] * fused)
-  A, qd, kd, *G_out = call(kern, (sp.NT, B * H), specs, out_specs, outs, interpret=st.interpret,
-                           warps=st.cfg.warps_intra, stages=st.cfg.stages_chunk)(*args)
-  return A, qd, kd, (G_out[0] if fused else G)
+                           bk=min(st.cfg.bk_intra, K))
+  return call(kern, (sp.NT, B * H), specs, [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)],
+              [sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)],
+              interpret=st.interpret, warps=st.cfg.warps_intra,
+              stages=st.cfg.stages_chunk)(*args)
 
 
 # --- 5. backward: dq, dk, dg ----------------------------------------------------------------------
 
-def _dqkg_kernel(*refs, scale, exclusive, ref_mode):
+def _dqkg_kernel(*refs, scale, exclusive):
   """One chunk, head and key tile (q, k, G, kd, h, dh hold that tile of the key axis; v, do all of
   V). The parts that read the states come first, so that only the chunk's tiles stay live through
   the levels."""
@@ -230,7 +205,7 @@ def _dqkg_kernel(*refs, scale, exclusive, ref_mode):
   q, k = q_ref[...].astype(F32), k_ref[...].astype(F32)
   cols = pl.ds(0, BK)
   for s in _levels(C):
-    qf, kf = _level_factors(_ref_rows(g_ref, cols, G, s, ref_mode), G, Gq, s)
+    qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
     dA_s = _in_groups(C, s, dA).astype(dt)
     dq += qf * dot(dA_s, (k * kf).astype(dt), prec)
     dk += kf * dot_tn(dA_s, (q * qf).astype(dt), prec)
@@ -272,8 +247,7 @@ def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
     outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
     out_specs.append(pl.BlockSpec((None, None, None, BK),
                                   lambda ik, n, bh: (bh // H, n, bh % H, ik)))
-  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive,
-                           ref_mode=st.cfg.ref_mode)
+  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
   dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), specs + [tile, full, full, state, state],
                          out_specs, outs, interpret=st.interpret, warps=st.cfg.warps_dqkg,
                          stages=st.cfg.stages_chunk)(*args, kd, v, do, h, dh)
@@ -285,7 +259,8 @@ def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
 def _forward(st: _Static, q, k, v, g, u, h0, starts, ends, *, want_h):
   """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
   cfg = st.cfg
-  A, qd, kd, G = _intra(q, k, g, u, st)
+  G = _gate_cumsum(g, st)
+  A, qd, kd = _intra(q, k, G, g, u, st)
   o, ht, h = state_pass(qd, kd, v, A, G, h0, starts, ends, want_h=want_h, varlen_=st.varlen,
                         interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
                         stages=cfg.stages_state)
