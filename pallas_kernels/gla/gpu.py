@@ -89,7 +89,7 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
 
 def _levels(C):
   """The level sizes s = C/2, C/4, ..., 1 (module docstring)."""
-  return [C >> i for i in range(1, C.bit_length()) if C >> i]
+  return [C >> i for i in range(1, C.bit_length())]
 
 
 def _in_groups(C, s, X):
@@ -189,6 +189,7 @@ def _dqkg_kernel(*refs, scale, exclusive):
   graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
   kd_ref, v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[5:13] if exclusive else (
       refs[3:11])
+  du_ref = refs[13] if exclusive else None
   C, BK = k_ref.shape
   dt = q_ref.dtype
   prec = precision(dt)
@@ -225,7 +226,7 @@ def _dqkg_kernel(*refs, scale, exclusive):
   if exclusive:  # Gq = G - g: the decays' share of q dq reaches g directly, negated
     bonus = dA_ii * q * k                                     # dA_ii q_i k_i: du's terms
     dg -= dGq - u * bonus
-    refs[13][...] = jnp.sum(bonus, axis=0)
+    du_ref[...] = jnp.sum(bonus, axis=0)
   dg_ref[...] = dg
 
 
