@@ -1,27 +1,32 @@
 """Chunked GLA with a per-channel decay as Pallas GPU kernels (Triton lowering), with a custom_vjp.
 
-The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32,
-formed and written by the state pass), Gq the query side's (G for GLA; G - g for RWKV-6, which
-reads the state before its token), C = 64, and every chunk is split into four 16-row sub-chunks:
+The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32), G_C
+its last row, Gq the query side's (G for GLA; G - g for RWKV-6, which reads the state before its
+token), C = 64. The per-channel decays are formed once, by chunk-parallel kernels, so the two
+sequential passes (gpu_state.py) are a few dots per chunk, as for a scalar gate:
 
 forward
-  1. `state_pass` (gpu_state.py) grid (V/BV, B*H): G, the chunk-start states h [B, NT, H, K, V]
-                  (input dtype) and the final state.
-  2. `_output`    grid (NT, B*H), per 16-row query block p: the scores A (the keys of earlier blocks
-                  through one dot, both sides taken relative to the block's first row r so every
-                  exponent is <= 0; the diagonal 16 x 16 block key by key, masked before the exp),
-                  o = scale (q exp(Gq)) h + A v. A is stored (input dtype) for the backward.
-backward (residuals: the inputs and A; h is recomputed, never stored by the forward)
-  3. `state_pass` again (G, h).
-  4. `dh_pass`    (gpu_state.py) grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each
-                  chunk end), d initial_state and dv = A^T do + (k exp(G_C - G)) dh.
-  5. `_dqkg`      grid (K/BK, NT, B*H), per 16-row block: dA = scale do v^T, dq and dk (state parts
-                  plus the intra-chunk parts in the forward's sub-chunk factorisation) and dg, the
-                  reverse chunk-local cumsum of dG = q dq - k dk plus the decay's gradient at the
-                  chunk end, sum_v dh (exp(G_C) h + (k exp(G_C - G))^T v), which reaches every row.
-The per-channel products are exact per key tile, so dg needs no sum over tiles. Tile axes come first
-in the grids: Triton launches axis 0 fastest, so programs that read the same head and chunk run
-side by side and share their inputs through L2.
+  1. `_gate_cumsum` grid (NT, B*H): G (written once; every later kernel reads it).
+  2. `_intra`       grid (NT, B*H): the intra-chunk scores A (scale included, input dtype), and the
+                    decayed queries and keys qd = scale q exp(Gq), kd = k exp(G_C - G).
+  3. `state_pass`   grid (V/BV, B*H): o = qd h + A v, the chunk-start states h (input dtype, kept for
+                    the backward; not written by a forward that is not differentiated), final state.
+backward (residuals: the inputs, G, A, qd, kd and h)
+  4. `dh_pass`      grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each chunk end),
+                    d initial_state and dv = A^T do + kd dh.
+  5. `_dqkg`        grid (K/BK, NT, B*H): dA = scale do v^T, dq and dk (state parts plus the
+                    intra-chunk parts) and dg, the reverse chunk-local cumsum of dG = q dq - k dk plus
+                    the decay's gradient at the chunk end, sum_v dh (exp(G_C) h + kd^T v), which
+                    reaches every row.
+
+The intra-chunk pairs i > j are split by levels s = C/2, ..., 1: a pair belongs to the level of the
+highest bit where i and j differ (i in the upper, j in the lower half of one 2s-row group). Each
+level factors exp(Gq_i - G_j) = exp(Gq_i - G_e) exp(G_e - G_j) through the last row e of the group's
+lower half, both exponents <= 0 (no positive cumulated gate is exponentiated), so a level is one exp
+over [C, K] and one [C, C] dot per product, masked to its groups; the diagonal (exp(0) = 1, or the
+bonus u for RWKV-6) is a row sum. The per-channel products are exact per key tile, so dg needs no sum
+over tiles. Tile axes come first in the grids: Triton launches axis 0 fastest, so programs that read
+the same head and chunk run side by side and share their inputs through L2.
 
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels);
 bf16, f16 and f32; initial_state, final state, cu_seqlens (re-packed chunk-aligned by
@@ -39,12 +44,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.gpu.kernel_math import (F32, SUB, dot, dot_nt, dot_tn, iota,
-                                                   precision)
+from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
 from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, next_pow2, pad_axis
 from pallas_kernels.gla import reference
-from pallas_kernels.gla.gpu_state import (CHUNK, call, decayed_rows, dh_pass, sds, state_pass)
-
+from pallas_kernels.gla.gpu_state import CHUNK, call, dh_pass, sds, state_pass
 
 
 class Config(NamedTuple):
@@ -52,8 +55,9 @@ class Config(NamedTuple):
   bv_state: int = 32      # value tile of the state and dh passes
   warps_state: int = 4
   stages_state: int = 2
-  warps_out: int = 4      # output kernel (forward)
-  bk_dqkg: int = 64       # key tile (grid axis) of the dq/dk/dg kernel
+  bk_intra: int = 128     # key slice the intra kernel loops over (registers, not the grid)
+  warps_intra: int = 8
+  bk_dqkg: int = 32       # key tile (grid axis) of the dq/dk/dg kernel
   warps_dqkg: int = 4
   stages_chunk: int = 1   # chunk-parallel kernels
 
@@ -81,146 +85,152 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
   return None
 
 
-# --- 2. forward output: intra-chunk scores and o -------------------------------------------------
+# --- the intra-chunk levels -----------------------------------------------------------------------
 
-def _diagonal_decay(Gq, g_j, t, sub_row, u_ref):
-  """exp(Gq_i - G_j) [16, K] for the rows i of a diagonal block and its key row j = its row t,
-  masked before the exp: i >= t, or i > t with the diagonal taken by the bonus u (RWKV-6)."""
-  if u_ref is None:
-    return jnp.exp(jnp.where(sub_row >= t, Gq - g_j[None, :], -jnp.inf))
-  E = jnp.exp(jnp.where(sub_row > t, Gq - g_j[None, :], -jnp.inf))
-  return jnp.where(sub_row == t, u_ref[...][None, :], E)
+def _levels(C):
+  """The level sizes s = C/2, C/4, ..., 1 (module docstring)."""
+  return [C >> i for i in range(1, C.bit_length())]
 
 
-def _output_kernel(*refs, scale, exclusive):
-  """One chunk and head. Query block p: A_p [16, C] = keys of blocks < p by one dot relative to the
-  block's first row r (exp(Gq_i - Gq_r) <= 1, exp(Gq_r - G_j) <= 1 for j < r), plus the diagonal
-  block key by key (exponents masked before the exp); then o_p = scale (q_p exp(Gq_p)) h + A_p v.
-  exclusive (RWKV-6): strict mask, and the bonus scale q_i . (u k_i) is A's diagonal entry."""
-  q_ref, k_ref, v_ref, g_ref = refs[:4]
-  gq_ref, u_ref = refs[4:6] if exclusive else (g_ref, None)
-  h_ref, o_ref, a_ref = refs[-3:]
+def _in_groups(C, s, X):
+  """X [C, C] with the entries (i, j) of rows in different 2s-row groups zeroed."""
+  if 2 * s == C:
+    return X
+  return jnp.where(iota((C, C), 0) // (2 * s) == iota((C, C), 1) // (2 * s), X, 0.0)
+
+
+def _ref_rows(g_ref, cols, s):
+  """[C, BK]: G at row e of every row's 2s-row group, e the last row of the group's lower half: the
+  C / 2s rows e loaded strided (a gather's [C, BK] pointer tensor costs registers), then broadcast."""
+  C = g_ref.shape[0]
+  n = C // (2 * s)
+  G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
+  return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, G_e.shape[1])).reshape(C, G_e.shape[1])
+
+
+def _level_factors(G_e, G, Gq, s):
+  """Level s's decays [C, BK]: exp(Gq_i - G_e) on the rows of upper halves (0 elsewhere) and
+  exp(G_e - G_j) on the rows of lower halves (0 elsewhere), G_e from `_ref_rows`. One exp: each row
+  is in exactly one half, and both exponents are <= 0."""
+  upper = (iota((G.shape[0], 1), 0) // s) % 2 == 1
+  E = jnp.exp(jnp.where(upper, Gq - G_e, G_e - G))
+  return jnp.where(upper, E, 0.0), jnp.where(upper, 0.0, E)
+
+
+def _eye(C):
+  return iota((C, C), 0) == iota((C, C), 1)
+
+
+# --- 1. forward: the chunk-local gate cumsum ------------------------------------------------------
+
+def _cumsum_kernel(g_ref, G_ref):
+  G_ref[...] = jnp.cumsum(g_ref[...], axis=0)
+
+
+def _gate_cumsum(g, st: _Static):
+  """G [B, T, H, K] float32: the cumsum of g within each chunk."""
+  B, T, H, K = g.shape
+  sp = Specs(H, CHUNK, T)
+  return call(_cumsum_kernel, (sp.NT, B * H), [sp.chunk_tok(K)], sp.chunk_tok(K),
+              sds(g.shape, F32), interpret=st.interpret, warps=st.cfg.warps_intra,
+              stages=st.cfg.stages_chunk)(g)
+
+
+# --- 2. forward: intra-chunk scores and the decayed queries and keys ------------------------------
+
+def _intra_kernel(*refs, scale, exclusive, bk):
+  """One chunk and head, looping over key slices of bk channels: qd and kd are written slice by
+  slice, A accumulates every level's masked dot (qf q)(kf k)^T and the diagonal."""
+  q_ref, k_ref, g_ref = refs[:3]
+  graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
+  a_ref, qd_ref, kd_ref = refs[-3:]
   C, K = k_ref.shape
   dt = q_ref.dtype
   prec = precision(dt)
-  h = h_ref[...]
-  key_row = iota((C, K), 0)
-  sub_row, col = iota((SUB, K), 0), iota((SUB, C), 1)
-  for p in range(C // SUB):
-    rows = pl.ds(p * SUB, SUB)
-    q, Gq = q_ref[rows, :].astype(F32), gq_ref[rows, :]
-    A = jnp.zeros((SUB, C), F32)
-    if p:
-      g_r = gq_ref[p * SUB, :][None, :]
-      qa = (q * jnp.exp(Gq - g_r)).astype(dt)
-      before_r = jnp.where(key_row < p * SUB, g_r - g_ref[...], -jnp.inf)
-      ka = k_ref[...].astype(F32) * jnp.exp(before_r)
-      A = dot_nt(qa, ka.astype(dt), prec)
-
-    def diagonal(t, A, p=p, q=q, Gq=Gq):
-      j = p * SUB + t
-      E = _diagonal_decay(Gq, g_ref[j, :], t, sub_row, u_ref)
-      s = jnp.sum(q * k_ref[j, :].astype(F32)[None, :] * E, axis=1)
-      return jnp.where(col == j, s[:, None], A)
-
-    A = lax.fori_loop(0, SUB, diagonal, A) * scale
-    a_ref[rows, :] = A.astype(a_ref.dtype)
-    o = dot((q * (jnp.exp(Gq) * scale)).astype(dt), h, prec) + dot(A.astype(dt), v_ref[...], prec)
-    o_ref[rows, :] = o.astype(o_ref.dtype)
+  A = jnp.zeros((C, C), F32)
+  diag = jnp.zeros((C,), F32)
+  for k0 in range(0, K, bk):
+    cols = pl.ds(k0, bk)
+    q, k, G = q_ref[:, cols].astype(F32), k_ref[:, cols].astype(F32), g_ref[:, cols]
+    Gq = G - graw_ref[:, cols] if exclusive else G
+    qd_ref[:, cols] = (q * (jnp.exp(Gq) * scale)).astype(dt)
+    kd_ref[:, cols] = (k * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
+    diag += jnp.sum(q * (k * u_ref[cols][None, :] if exclusive else k), axis=1)
+    for s in _levels(C):
+      qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
+      A += _in_groups(C, s, dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec))
+  a_ref[...] = (jnp.where(_eye(C), diag[:, None], A) * scale).astype(a_ref.dtype)
 
 
-def _output(q, k, v, G, Gq, u, h, st: _Static):
-  """Returns o [B, T, H, V] and the scores A [B, T, H, C] (row t: token t's scores over its chunk),
-  both in the input dtype."""
+def _intra(q, k, G, g, u, st: _Static):
+  """Returns A [B, T, H, C] (row t: token t's scores over its chunk), qd and kd [B, T, H, K], all in
+  the input dtype."""
   B, T, H, K = q.shape
-  V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  gates = [G] if Gq is None else [G, Gq, u]
-  gate_specs = [sp.chunk_tok(K)] * (1 + st.exclusive)
+  args, specs = [q, k, G], [sp.chunk_tok(K)] * 3
   if st.exclusive:
-    gate_specs.append(pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0)))
-  kern = functools.partial(_output_kernel, scale=st.scale, exclusive=st.exclusive)
-  return call(kern, (sp.NT, B * H),
-              [sp.chunk_tok(K), sp.chunk_tok(K), sp.chunk_tok(V)] + gate_specs
-              + [sp.chunk_state(K, V)],
-              [sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
-              [sds((B, T, H, V), q.dtype), sds((B, T, H, CHUNK), q.dtype)],
-              interpret=st.interpret, warps=st.cfg.warps_out,
-              stages=st.cfg.stages_chunk)(q, k, v, *gates, h)
+    args += [g, u]
+    specs += [sp.chunk_tok(K), pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0))]
+  kern = functools.partial(_intra_kernel, scale=st.scale, exclusive=st.exclusive,
+                           bk=min(st.cfg.bk_intra, K))
+  return call(kern, (sp.NT, B * H), specs, [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)],
+              [sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)],
+              interpret=st.interpret, warps=st.cfg.warps_intra,
+              stages=st.cfg.stages_chunk)(*args)
 
 
-# --- 5. dq, dk, dg --------------------------------------------------------------------------------
+# --- 5. backward: dq, dk, dg ----------------------------------------------------------------------
 
 def _dqkg_kernel(*refs, scale, exclusive):
-  """One chunk, head and key tile (q, k, G, h, dh hold that tile of the key axis; v, do all of V).
-  Blocks are visited last to first so that dg, a reverse cumsum, carries the later blocks' sum."""
+  """One chunk, head and key tile (q, k, G, kd, h, dh hold that tile of the key axis; v, do all of
+  V). The parts that read the states come first, so that only the chunk's tiles stay live through
+  the levels."""
   q_ref, k_ref, g_ref = refs[:3]
-  gq_ref, u_ref = refs[3:5] if exclusive else (g_ref, None)
-  v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[5:12] if exclusive else refs[3:10]
-  du_ref = refs[12] if exclusive else None
+  graw_ref, u_ref = refs[3:5] if exclusive else (None, None)
+  kd_ref, v_ref, do_ref, h_ref, dh_ref, dq_ref, dk_ref, dg_ref = refs[5:13] if exclusive else (
+      refs[3:11])
+  du_ref = refs[13] if exclusive else None
   C, BK = k_ref.shape
-  n = C // SUB
   dt = q_ref.dtype
   prec = precision(dt)
-  h, dh = h_ref[...], dh_ref[...]
+  G = g_ref[...]
+  Gq = G - graw_ref[...] if exclusive else G
   g_last = g_ref[C - 1, :]
+  do, v, h, dh = do_ref[...], v_ref[...], h_ref[...], dh_ref[...]
   # The gradient of G_C through the state update, sum_v dh * S_end: in every row's dg.
-  S_end = (h.astype(F32) * jnp.exp(g_last)[:, None]
-           + dot_tn(decayed_rows(k_ref[...], g_ref[...], g_last, dt), v_ref[...], prec))
-  later = jnp.sum(S_end * dh.astype(F32), axis=1)[None, :]      # [1, BK]
-  tok_row = iota((C, BK), 0)
-  sub_row, col = iota((SUB, BK), 0), iota((SUB, C), 1)
-  du = jnp.zeros((BK,), F32)
-  for p in reversed(range(n)):
-    rows = pl.ds(p * SUB, SUB)
-    q, k = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32)
-    G, Gq = g_ref[rows, :], gq_ref[rows, :]
-    do, v = do_ref[rows, :], v_ref[rows, :]
-    dA = dot_nt(do, v_ref[...], prec) * scale           # [16, C]: dA_ij, i in this block
-    dq = dot_nt(do, h, prec) * (jnp.exp(Gq) * scale)     # state parts
-    dk = dot_nt(v, dh, prec) * jnp.exp(g_last[None, :] - G)
-    if p > 0:      # keys of earlier blocks, relative to this block's first query row r
-      g_r = gq_ref[p * SUB, :][None, :]
-      before_r = jnp.where(tok_row < p * SUB, g_r - g_ref[...], -jnp.inf)
-      ka = k_ref[...].astype(F32) * jnp.exp(before_r)
-      dq += dot(dA.astype(dt), ka.astype(dt), prec) * jnp.exp(Gq - g_r)
-    if p < n - 1:  # queries of later blocks, relative to this block's last key row e
-      g_e = g_ref[p * SUB + SUB - 1, :][None, :]
-      dAT = dot_nt(v, do_ref[...], prec) * scale         # [16, C]: dA_ij, j in this block
-      qa = q_ref[...].astype(F32) * jnp.exp(
-          jnp.where(tok_row >= (p + 1) * SUB, gq_ref[...] - g_e, -jnp.inf))
-      dk += dot(dAT.astype(dt), qa.astype(dt), prec) * jnp.exp(g_e - G)
-
-    def diagonal(t, carry, p=p, q=q, Gq=Gq, dA=dA):
-      dq, dk, *dq_bonus = carry
-      j = p * SUB + t
-      a = jnp.sum(jnp.where(col == j, dA, 0.0), axis=1)[:, None]           # dA_ij
-      aE = a * _diagonal_decay(Gq, g_ref[j, :], t, sub_row, u_ref)        # dA_ij exp(Gq_i - G_j)
-      k_j = k_ref[j, :].astype(F32)[None, :]
-      dq += aE * k_j
-      dk += jnp.where(sub_row == t, jnp.sum(aE * q, axis=0)[None, :], 0.0)
-      if exclusive:  # dA_jj q_j k_j: the bonus's share of q dq, and du's term
-        dq_bonus = [dq_bonus[0] + jnp.where(sub_row == t, a * q * k_j, 0.0)]
-      return dq, dk, *dq_bonus
-
-    carry = (dq, dk) + (jnp.zeros_like(dq),) * exclusive
-    dq, dk, *dq_bonus = lax.fori_loop(0, SUB, diagonal, carry)
-    dq_ref[rows, :] = dq.astype(dq_ref.dtype)
-    dk_ref[rows, :] = dk.astype(dk_ref.dtype)
-    dGq = q * dq
-    dG = dGq - k * dk                                      # (the bonus's terms cancel here)
-    total = jnp.sum(dG, axis=0)[None, :]
-    dg = later + total - jnp.cumsum(dG, axis=0) + dG       # sum over rows >= t of the chunk
-    later = later + total
-    if exclusive:  # Gq = G - g: the decays' share of q dq reaches g directly, negated
-      dg -= dGq - u_ref[...][None, :] * dq_bonus[0]
-      du = du + jnp.sum(dq_bonus[0], axis=0)
-    dg_ref[rows, :] = dg
-  if exclusive:
-    du_ref[...] = du
+  S_end = h.astype(F32) * jnp.exp(g_last)[:, None] + dot_tn(kd_ref[...], v, prec)
+  later = jnp.sum(S_end * dh.astype(F32), axis=1)[None, :]
+  dq = dot_nt(do, h, prec) * (jnp.exp(Gq) * scale)             # state parts
+  dk = dot_nt(v, dh, prec) * jnp.exp(g_last[None, :] - G)
+  dA = dot_nt(do, v, prec) * scale                            # dA_ij = scale do_i . v_j
+  q, k = q_ref[...].astype(F32), k_ref[...].astype(F32)
+  cols = pl.ds(0, BK)
+  for s in _levels(C):
+    qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
+    dA_s = _in_groups(C, s, dA).astype(dt)
+    dq += qf * dot(dA_s, (k * kf).astype(dt), prec)
+    dk += kf * dot_tn(dA_s, (q * qf).astype(dt), prec)
+  dA_ii = jnp.sum(jnp.where(_eye(C), dA, 0.0), axis=1)[:, None]
+  if exclusive:  # the diagonal is the bonus scale q_i . (u k_i)
+    u = u_ref[...][None, :]
+    dq += dA_ii * u * k
+    dk += dA_ii * u * q
+  else:
+    dq += dA_ii * k
+    dk += dA_ii * q
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dGq = q * dq
+  dG = dGq - k * dk                                           # (the bonus's terms cancel here)
+  dg = later + jnp.sum(dG, axis=0)[None, :] - jnp.cumsum(dG, axis=0) + dG   # rows >= t
+  if exclusive:  # Gq = G - g: the decays' share of q dq reaches g directly, negated
+    bonus = dA_ii * q * k                                     # dA_ii q_i k_i: du's terms
+    dg -= dGq - u * bonus
+    du_ref[...] = jnp.sum(bonus, axis=0)
+  dg_ref[...] = dg
 
 
-def _dqkg(q, k, v, G, Gq, u, do, h, dh, st: _Static):
+def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
   """Returns dq, dk (input dtype), dg [B, T, H, K] (float32, the raw gate's gradient) and, for
   RWKV-6, du [H, K] (float32)."""
   B, T, H, K = q.shape
@@ -230,53 +240,54 @@ def _dqkg(q, k, v, G, Gq, u, do, h, dh, st: _Static):
   tile = pl.BlockSpec((None, C, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik))
   full = pl.BlockSpec((None, C, None, V), lambda ik, n, bh: (bh // H, n, bh % H, 0))
   state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))
-  gates, gate_specs = [G], [tile]
+  args, specs = [q, k, G], [tile] * 3
   outs, out_specs = [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(q.shape, F32)], [tile] * 3
   if st.exclusive:
-    gates += [Gq, u]
-    gate_specs += [tile, pl.BlockSpec((None, BK), lambda ik, n, bh: (bh % H, ik))]
+    args += [g, u]
+    specs += [tile, pl.BlockSpec((None, BK), lambda ik, n, bh: (bh % H, ik))]
     outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
     out_specs.append(pl.BlockSpec((None, None, None, BK),
                                   lambda ik, n, bh: (bh // H, n, bh % H, ik)))
   kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
-  dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), [tile] * 2 + gate_specs
-                         + [full, full, state, state], out_specs, outs, interpret=st.interpret,
-                         warps=st.cfg.warps_dqkg, stages=st.cfg.stages_chunk)(q, k, *gates, v, do,
-                                                                               h, dh)
+  dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), specs + [tile, full, full, state, state],
+                         out_specs, outs, interpret=st.interpret, warps=st.cfg.warps_dqkg,
+                         stages=st.cfg.stages_chunk)(*args, kd, v, do, h, dh)
   return dq, dk, dg, (jnp.sum(du[0], axis=(0, 1)) if du else None)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------
 
-def _state(k, v, g, h0, starts, ends, st: _Static):
-  """(h, final state, G, Gq): Gq is None for GLA and the exclusive cumsum G - g for RWKV-6."""
+def _forward(st: _Static, q, k, v, g, u, h0, starts, ends, *, want_h):
+  """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
   cfg = st.cfg
-  h, ht, G = state_pass(k, v, g, h0, starts, ends, varlen_=st.varlen, interpret=st.interpret,
-                        bv=cfg.bv_state, warps=cfg.warps_state, stages=cfg.stages_state)
-  return h, ht, G, (G - g if st.exclusive else None)
+  G = _gate_cumsum(g, st)
+  A, qd, kd = _intra(q, k, G, g, u, st)
+  o, ht, h = state_pass(qd, kd, v, A, G, h0, starts, ends, want_h=want_h, varlen_=st.varlen,
+                        interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
+                        stages=cfg.stages_state)
+  return o, ht, (G, A, qd, kd, h)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _gla(st: _Static, q, k, v, g, u, h0, starts, ends):
-  return _gla_fwd(st, q, k, v, g, u, h0, starts, ends)[0]
+  o, ht, _ = _forward(st, q, k, v, g, u, h0, starts, ends, want_h=False)
+  return o, ht
 
 
 def _gla_fwd(st, q, k, v, g, u, h0, starts, ends):
-  h, ht, G, Gq = _state(k, v, g, h0, starts, ends, st)
-  o, A = _output(q, k, v, G, Gq, u, h, st)
-  return (o, ht), (q, k, v, g, u, h0, A, starts, ends)
+  o, ht, saved = _forward(st, q, k, v, g, u, h0, starts, ends, want_h=True)
+  return (o, ht), (q, k, v, g, u, *saved, starts, ends)
 
 
 def _gla_bwd(st, res, cts):
-  q, k, v, g, u, h0, A, starts, ends = res
+  q, k, v, g, u, G, A, qd, kd, h, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  h, _, G, Gq = _state(k, v, g, h0, starts, ends, st)
   cfg = st.cfg
-  dh, dv, dh0 = dh_pass(q, k, G, Gq, A, do, dht.astype(F32), starts, ends, scale=st.scale,
-                        varlen_=st.varlen, interpret=st.interpret, bv=cfg.bv_state,
-                        warps=cfg.warps_state, stages=cfg.stages_state)
-  dq, dk, dg, du = _dqkg(q, k, v, G, Gq, u, do, h, dh, st)
+  dh, dv, dh0 = dh_pass(qd, kd, A, do, G, dht.astype(F32), starts, ends, varlen_=st.varlen,
+                        interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
+                        stages=cfg.stages_state)
+  dq, dk, dg, du = _dqkg(q, k, v, G, g, u, kd, do, h, dh, st)
   return dq, dk, dv, dg, du, dh0, None, None
 
 

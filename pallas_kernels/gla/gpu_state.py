@@ -1,19 +1,21 @@
 """The two sequential passes of chunked GLA with a per-channel decay, as Pallas GPU kernels (Triton
-lowering): the forward state pass and the reverse state-gradient (dh) pass.
+lowering): the forward state pass (with the output) and the reverse state-gradient (dh) pass.
 
 Both run on grid (V / BV, B * H): one program per value tile and head walks the NT chunks
 (`lax.fori_loop`) with a float32 [K, BV] state in registers. The value tile is the first grid axis,
 which Triton launches fastest, so the programs of one head run side by side and share its keys and
-gates through L2. Per chunk (G the float32 chunk-local gate cumsum [C, K], G_C its last row):
+gates through L2. The chunk-parallel kernel before them (gpu.py) has already formed every per-channel
+decay, so each step is two or three dots and a row scaling (G_C: the chunk's last row of the float32
+chunk-local gate cumsum G):
 
-  state pass   G = cumsum(g) (written once, for the other kernels);  h[c] = S;
-               S <- diag(exp(G_C)) S + (k exp(G_C - G))^T v
+  state pass   h[c] = S (only when the backward needs it);  o = qd S + A v;
+               S <- diag(exp(G_C)) S + kd^T v
   dh pass      dh[c] = dS (the gradient of the state at the chunk's end);
-               dv = A^T do + (k exp(G_C - G)) dS;  dS <- diag(exp(G_C)) dS + (scale q exp(Gq))^T do
+               dv = A^T do + kd dS;  dS <- diag(exp(G_C)) dS + qd^T do
 
-A is the forward's intra-chunk score matrix (stored by the output kernel), so dv's intra-chunk part
-costs one [C, C] x [C, BV] dot here instead of a chunk-parallel kernel of its own. Gq is the query
-side cumsum: G for GLA, G - g for RWKV-6 (it reads the state before its token).
+with qd = scale q exp(Gq) and kd = k exp(G_C - G) (input dtype, every factor <= 1) and A the
+intra-chunk score matrix (scale included). Gq is the query side's cumsum: G for GLA, G - g for RWKV-6
+(it reads the state before its token).
 
 Nothing here knows about GLA beyond those formulas: KDA and RWKV-6 walk their states the same way.
 Varlen inputs are re-packed chunk-aligned (`common.varlen`); per-chunk flags say where a sequence
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_tn, iota, precision
+from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_tn, precision
 from pallas_kernels.common.gpu.layout import Specs, compiler_params
 
 CHUNK = 64
@@ -43,11 +45,6 @@ def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stag
 
 def sds(shape, dtype):
   return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def decayed_rows(x, G, g_last, dtype):
-  """x exp(G_C - G) in `dtype` (a matmul operand): each row decayed to the chunk's end (<= 1)."""
-  return (x.astype(F32) * jnp.exp(g_last[None, :] - G)).astype(dtype)
 
 
 # --- the chunk walk both passes share -------------------------------------------------------------
@@ -111,93 +108,84 @@ def _boundary_refs(refs, n_in, varlen_):
 
 # --- forward state pass ---------------------------------------------------------------------------
 
-def _state_kernel(*refs, NT, varlen_):
-  (k_ref, v_ref, g_ref), h0_ref, st_ref, en_ref, (h_ref, fin_ref, G_ref) = _boundary_refs(
-      refs, 3, varlen_)
-  C, K = CHUNK, k_ref.shape[1]
-  dt = k_ref.dtype
+def _state_kernel(*refs, NT, varlen_, want_h):
+  (qd_ref, kd_ref, v_ref, a_ref, g_ref), h0_ref, st_ref, en_ref, outs = _boundary_refs(
+      refs, 5, varlen_)
+  o_ref, fin_ref, h_ref = outs if want_h else (*outs, None)
+  C = CHUNK
+  dt = kd_ref.dtype
   prec = precision(dt)
-  last_row = iota((C, K), 0) == C - 1
-  write_gates = pl.program_id(0) == 0  # the value tiles share the gates: one writes them
 
   def step(c, S):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
-    h_ref[c] = S.astype(h_ref.dtype)
-    G = jnp.cumsum(g_ref[sl, :], axis=0)
-    g_last = jnp.sum(jnp.where(last_row, G, 0.0), axis=0)  # exactly G's last row
-
-    @pl.when(write_gates)
-    def _():
-      G_ref[sl, :] = G
-
-    kd = decayed_rows(k_ref[sl, :], G, g_last, dt)
-    return S * jnp.exp(g_last)[:, None] + dot_tn(kd, v_ref[sl, :], prec)
+    if want_h:
+      h_ref[c] = S.astype(h_ref.dtype)
+    v = v_ref[sl, :]
+    o = dot(qd_ref[sl, :], S.astype(dt), prec) + dot(a_ref[sl, :], v, prec)
+    o_ref[sl, :] = o.astype(o_ref.dtype)
+    return S * jnp.exp(g_ref[t0 + C - 1, :])[:, None] + dot_tn(kd_ref[sl, :], v, prec)
 
   _walk(step, NT, reverse=False, init_ref=h0_ref, out_ref=fin_ref, reset_ref=st_ref,
         finish_ref=en_ref)
 
 
-def state_pass(k, v, g, h0, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
-  """k [B, T, H, K], v [B, T, H, V] (input dtype), g [B, T, H, K] float32 log decays,
-  h0 [N, H, K, V] float32. Returns the chunk-start states h [B, NT, H, K, V] (input dtype), the
-  final states [N, H, K, V] (float32) and G [B, T, H, K], the chunk-local cumsum of g (float32: the
-  chunk-parallel kernels read it, so no separate cumsum pass over the gates is needed).
-  starts / ends: int32 [NT] per-chunk sequence flags (varlen)."""
-  B, T, H, K = k.shape
+def state_pass(qd, kd, v, A, G, h0, starts, ends, *, want_h, varlen_, interpret, bv=32, warps=4,
+               stages=2):
+  """qd, kd [B, T, H, K] (the decayed queries and keys), v [B, T, H, V], A [B, T, H, C] (input
+  dtype), G [B, T, H, K] float32, h0 [N, H, K, V] float32. Returns o [B, T, H, V] (input dtype),
+  the final states [N, H, K, V] (float32) and, with want_h, the chunk-start states h
+  [B, NT, H, K, V] (input dtype; else None). starts / ends: int32 [NT] per-chunk sequence flags
+  (varlen)."""
+  B, T, H, K = kd.shape
   V = v.shape[-1]
   BV = min(bv, V)
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_)
-  return _launch(kern, [k, v, g], [sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(K)], h0,
-                 [sp.seq_state(K, BV), sp.seq_tok(K)],
-                 [sds((B, sp.NT, H, K, V), k.dtype), sds(g.shape, F32)], 1, sp, starts, ends,
-                 varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
+  kern = functools.partial(_state_kernel, NT=sp.NT, varlen_=varlen_, want_h=want_h)
+  out_specs = [sp.seq_tok(BV, True)] + [sp.seq_state(K, BV)] * want_h
+  out_shape = [sds(v.shape, kd.dtype)] + [sds((B, sp.NT, H, K, V), kd.dtype)] * want_h
+  o, fin, *h = _launch(kern, [qd, kd, v, A, G],
+                       [sp.seq_tok(K), sp.seq_tok(K), sp.seq_tok(BV, True), sp.seq_tok(CHUNK),
+                        sp.seq_tok(K)], h0, out_specs, out_shape, 1, sp, starts, ends,
+                       varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)
+  return o, fin, (h[0] if want_h else None)
 
 
 # --- reverse state-gradient pass ------------------------------------------------------------------
 
-def _dh_kernel(*refs, NT, scale, varlen_, split_gq):
-  n_in = 6 if split_gq else 5
-  ins, dht_ref, st_ref, en_ref, (dh_ref, dv_ref, dh0_ref) = _boundary_refs(refs, n_in, varlen_)
-  q_ref, k_ref, g_ref = ins[:3]
-  gq_ref = ins[3] if split_gq else g_ref
-  a_ref, do_ref = ins[-2:]
+def _dh_kernel(*refs, NT, varlen_):
+  (qd_ref, kd_ref, a_ref, do_ref, g_ref), dht_ref, st_ref, en_ref, (dh_ref, dv_ref, dh0_ref) = (
+      _boundary_refs(refs, 5, varlen_))
   C = CHUNK
-  dt = k_ref.dtype
+  dt = kd_ref.dtype
   prec = precision(dt)
 
   def step(c, dS):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     dh_ref[c] = dS.astype(dh_ref.dtype)
-    g_last = g_ref[t0 + C - 1, :]
     do = do_ref[sl, :]
-    kd = decayed_rows(k_ref[sl, :], g_ref[sl, :], g_last, dt)
-    dv = dot_tn(a_ref[sl, :], do, prec) + dot(kd, dS.astype(dt), prec)
+    dv = dot_tn(a_ref[sl, :], do, prec) + dot(kd_ref[sl, :], dS.astype(dt), prec)
     dv_ref[sl, :] = dv.astype(dv_ref.dtype)
-    qd = (q_ref[sl, :].astype(F32) * (jnp.exp(gq_ref[sl, :]) * scale)).astype(dt)
-    return dS * jnp.exp(g_last)[:, None] + dot_tn(qd, do, prec)
+    return dS * jnp.exp(g_ref[t0 + C - 1, :])[:, None] + dot_tn(qd_ref[sl, :], do, prec)
 
   # Walking backwards, a sequence begins at its last chunk and finishes at its first.
   _walk(step, NT, reverse=True, init_ref=dht_ref, out_ref=dh0_ref, reset_ref=en_ref,
         finish_ref=st_ref)
 
 
-def dh_pass(q, k, G, Gq, A, do, dht, starts, ends, *, scale, varlen_, interpret, bv=32, warps=4,
-            stages=2):
-  """q, k [B, T, H, K]; G, Gq [B, T, H, K] float32 (Gq None: the same as G); A [B, T, H, C] the
-  forward's scores; do [B, T, H, V]; dht [N, H, K, V] float32. Returns dh [B, NT, H, K, V] and
-  dv [B, T, H, V] (input dtype) and d initial_state [N, H, K, V] (float32)."""
-  B, T, H, K = k.shape
+def dh_pass(qd, kd, A, do, G, dht, starts, ends, *, varlen_, interpret, bv=32, warps=4, stages=2):
+  """qd, kd [B, T, H, K], A [B, T, H, C] as for `state_pass`; do [B, T, H, V]; G float32; dht
+  [N, H, K, V] float32. Returns dh [B, NT, H, K, V] and dv [B, T, H, V] (input dtype) and
+  d initial_state [N, H, K, V] (float32)."""
+  B, T, H, K = kd.shape
   V = do.shape[-1]
   BV = min(bv, V)
   sp = Specs(H, CHUNK, T)
-  gates = [G] if Gq is None else [G, Gq]
-  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=scale, varlen_=varlen_,
-                           split_gq=Gq is not None)
-  return _launch(kern, [q, k, *gates, A, do],
-                 [sp.seq_tok(K)] * (2 + len(gates)) + [sp.seq_tok(CHUNK), sp.seq_tok(BV, True)],
+  kern = functools.partial(_dh_kernel, NT=sp.NT, varlen_=varlen_)
+  return _launch(kern, [qd, kd, A, do, G],
+                 [sp.seq_tok(K), sp.seq_tok(K), sp.seq_tok(CHUNK), sp.seq_tok(BV, True),
+                  sp.seq_tok(K)],
                  dht, [sp.seq_state(K, BV), sp.seq_tok(BV, True)],
-                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype)], 2, sp, starts, ends,
+                 [sds((B, sp.NT, H, K, V), kd.dtype), sds(do.shape, kd.dtype)], 2, sp, starts, ends,
                  varlen_=varlen_, interpret=interpret, bv=BV, warps=warps, stages=stages)

@@ -57,6 +57,22 @@ def test_decode_kernel_vjp_equals_chunk_kernel_vjp(case):
   harness.check_decode_vjp_matches_chunk(case, interpret=True)
 
 
+def test_forward_without_gradient_matches_differentiated_forward():
+  """A forward that is not differentiated does not store the chunk-start states (the state pass
+  without h); its o and final state must be the differentiated forward's (varlen: the flags too)."""
+  rng = np.random.default_rng(0)
+  x = GLA.make_inputs(rng, 1, 40, 2, 16, 16)
+  h0 = GLA.make_state(rng, 2, 2, 16, 16)
+  cu = jnp.asarray([0, 15, 40], jnp.int32)
+  f = lambda *a: GLA.chunk(*a, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                           backend="gpu", interpret=True)
+  plain = jax.jit(f)(*x.values())
+  primal = jax.jit(lambda *a: jax.vjp(f, *a)[0])(*x.values())
+  for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(primal)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6,
+                               atol=1e-6)
+
+
 def test_kernels_lower_to_triton():
   """Every kernel goes through Pallas' Triton lowering on CPU (jax.export for CUDA): catches
   constructs the lowering rejects before a GPU run; PTX compilation happens only on a GPU."""
