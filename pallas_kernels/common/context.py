@@ -191,6 +191,15 @@ def rows_where(mask, S, other):
   return tree_map(lambda s, o: jnp.where(mask.reshape(mask.shape + (1,) * (s.ndim - 1)), s, o), S, other)
 
 
+def varying(tree, axis: str):
+  """Marks every leaf as varying over `axis` (shard_map's type of per-device values), so that a
+  backend's scan carry that mixes it with local inputs keeps one type."""
+  def vary(x):
+    axis_type = getattr(jax.typeof(x), "manual_axis_type", None)
+    return x if axis_type is None or axis in axis_type.varying else lax.pcast(x, axis, to="varying")
+  return tree_map(vary, tree)
+
+
 def entering_states(transition: Transition, axis: str, A, B, carry):
   """S_in of this device: the local maps (A, B, carry) of all devices, gathered and folded in
   device order from the left (device 0 enters with nothing from another device)."""
@@ -213,6 +222,8 @@ def run(transition: Transition, call, args: tuple, initial_state, cu_seqlens, ax
   final state, the same on every device, or None without output_final_state)."""
   T = args[0].shape[1]
   here = locate(axis, T, cu_seqlens)
+  backend_call = call
+  call = lambda args, state, cu: backend_call(args, varying(state, axis), cu)
   enter_zero = put_row(initial_state, here.first_row,
                        transition.zero_state(take_row(initial_state, here.first_row)), here.crossing)
   o, S = call(args, enter_zero, here.cu_local)
