@@ -70,14 +70,15 @@ def outputs_and_grads(case, op, inputs, state, cotangents, cu, grads: bool):
   return out, (dict(zip(names, g[0])), g[1])
 
 
-def check_context_parallel(case, devices: int, varlen: bool, grads: bool = True, tol: float = 1e-4,
-                           **kw):
-  """Asserts the sharded op equals the unsharded one within the float32 tolerance of DESIGN.md."""
+def check_context_parallel(case, devices: int, varlen: bool, backend: str = "xla", grads: bool = True,
+                           tol: float = 1e-4, **kw):
+  """Asserts the op on `backend` sharded over `devices` equals it unsharded (on the xla path for a
+  Pallas backend), within the float32 tolerance of DESIGN.md."""
   inputs, state, cotangents = draw(case, varlen)
   cu = jnp.asarray(CU) if varlen else None
-  (o, S), g = outputs_and_grads(case, sharded(case, devices, list(inputs), **kw), inputs, state,
+  (o, S), g = outputs_and_grads(case, sharded(case, devices, list(inputs), backend=backend, **kw), inputs, state,
                                 cotangents, cu, grads)
-  (o_ref, S_ref), g_ref = outputs_and_grads(case, unsharded(case, backend="xla"), inputs, state,
+  (o_ref, S_ref), g_ref = outputs_and_grads(case, unsharded(case, backend="xla" if backend in ("gpu", "tpu") else backend), inputs, state,
                                             cotangents, cu, grads)
   errors = {"o": harness.rel_rms(o, o_ref)}
   for i, (a, b) in enumerate(harness.paired_leaves(S, S_ref, "final_state")):
@@ -91,11 +92,37 @@ def check_context_parallel(case, devices: int, varlen: bool, grads: bool = True,
   assert not bad, f"{case.name} over {devices} devices, varlen={varlen}: {bad}"
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_varlen_over_4_devices_matches_unsharded(family):
-  check_context_parallel(FAMILIES[family], 4, varlen=True, backend="xla")
+# The cross-device program is the same whatever backend the op resolves to; what differs by family
+# is its transition (each family's transition.py), and by layout the slice geometry (common/
+# context.py: a batch of rows, or packed sequences with global offsets). The suite's budget is CPU
+# seconds, so each family runs on the float32 reference (the cheapest to compile) in one of the four
+# layouts (2 or 4 devices, batch of 2 or CU), every layout holds at least two families, every kind of
+# transition (per-channel decay, a decay a head, the identity, K x K, elementwise, mLSTM's log space)
+# runs in at least two layouts; the chunked xla path runs the K x K (identity-run) and mLSTM's.
+LAYOUTS = {"linear_attn": (2, True), "retention": (4, False), "simple_gla": (4, True), "gla": (2, False),
+           "rwkv6": (4, True), "delta_rule": (2, False), "gated_delta_rule": (4, True), "kda": (4, False),
+           "hgrn": (2, True), "mlstm": (4, True)}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_batch_over_2_devices_matches_unsharded(family):
-  check_context_parallel(FAMILIES[family], 2, varlen=False, backend="xla")
+def test_family_sharded_equals_unsharded(family):
+  devices, varlen = LAYOUTS[family]
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="reference")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,devices,varlen", [("gated_delta_rule", 4, True), ("mlstm", 2, False)])
+def test_xla_path_sharded_equals_unsharded(family, devices, varlen):
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="xla")
+
+
+def test_unbound_axis_and_unequal_slices_raise():
+  x = cases.gla_inputs(np.random.default_rng(0), 1, 32, 2, 8, 8)
+  with pytest.raises(ValueError, match="`context_axis='nope'` is not a bound mesh axis"):
+    cases.GLA.chunk(*x.values(), context_axis="nope")
+  mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+  cu = np.array([0, 10, 16], np.int32)  # concrete, and ending at the local T = 16, not at 2 x 16
+  op = jax.shard_map(lambda *xs: cases.GLA.chunk(*xs, cu_seqlens=cu, context_axis=AXIS)[0], mesh=mesh,
+                     in_specs=P(None, AXIS), out_specs=P(None, AXIS))
+  with pytest.raises(ValueError, match="must end at the whole length, 2 devices x the local T = 16"):
+    jax.jit(op).trace(*x.values())
