@@ -193,7 +193,11 @@ def rows_where(mask, S, other):
 
 def varying(tree, axis: str):
   """Marks every leaf as varying over `axis` (shard_map's type of per-device values), so that a
-  backend's scan carry that mixes it with local inputs keeps one type."""
+  backend's scan carry that mixes it with local inputs keeps one type. Only shard_map's manual axes
+  carry that type (a vmap axis name does not)."""
+  if axis not in getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()):
+    return tree
+
   def vary(x):
     axis_type = getattr(jax.typeof(x), "manual_axis_type", None)
     return x if axis_type is None or axis in axis_type.varying else lax.pcast(x, axis, to="varying")
