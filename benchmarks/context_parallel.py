@@ -12,8 +12,8 @@ which is the per-device program of a context-parallel run without the collective
 first that does not fit. Shapes: B = 1, H = 16, K = V = 128, bf16 q, k, v, float32 gates (--hkv).
 Times are device medians of back-to-back calls (benchmarks/ops.py's device_ms); fwd+bwd
 differentiates sum(o * do) with respect to every input. The ratio cp / plain is the context-parallel
-overhead per slice (GDN: the identity run at V = K is a second op run; additive families: a
-[T, K] x [K, V] product; mLSTM: a re-run).
+overhead per slice (GDN: one op call at V + K, the transition riding along as K extra value
+columns; additive families: a [T, K] x [K, V] product; mLSTM: a re-run).
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int
   static = {"u"}  # inputs without a time axis
   args = tuple(inputs[n] for n in names)
   # The same tokens two ways: [SLICES, 1, T, ...] slices of one sequence, and a batch [SLICES, T, ...].
-  sliced = tuple(a if n in static else a.reshape(slices, 1, T, *a.shape[2:]) for n, a in zip(names, args))
+  sliced = tuple(a if n in static else a.reshape(slices, 1, T, *a.shape[2:])
+                 for n, a in zip(names, args))
   batch = tuple(a if n in static else a.reshape(slices, T, *a.shape[2:]) for n, a in zip(names, args))
   axes = tuple(None if n in static else 0 for n in names)
   cp = jax.vmap(lambda *a: op(*a, backend=backend, context_axis=AXIS)[0], in_axes=axes,
@@ -97,7 +98,8 @@ def main(argv=None):
         "cp / plain fwd, fwd+bwd | peak GiB plain / cp |\n|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['op']} | {r['T_slice']} | {r['plain_fwd_ms']:.2f} / {r['plain_fwdbwd_ms']:.2f} | "
-          f"{r['cp_fwd_ms']:.2f} / {r['cp_fwdbwd_ms']:.2f} | {r['fwd_ratio']:.2f}, {r['fwdbwd_ratio']:.2f} | "
+          f"{r['cp_fwd_ms']:.2f} / {r['cp_fwdbwd_ms']:.2f} | "
+          f"{r['fwd_ratio']:.2f}, {r['fwdbwd_ratio']:.2f} | "
           f"{r['plain_peak_GiB']:.1f} / {r['cp_peak_GiB']:.1f} |")
 
 

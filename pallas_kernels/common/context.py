@@ -171,8 +171,8 @@ class Slice(NamedTuple):
 def locate(axis: str, T: int, cu_seqlens) -> Slice:
   P, d = axis_size(axis), lax.axis_index(axis)
   if cu_seqlens is None:
-    later = d > 0
-    return Slice(d, None, jnp.ones((1, T), bool), later, later, None, None, d == P - 1, None)
+    return Slice(index=d, cu_local=None, first=jnp.ones((1, T), bool), crossing=d > 0, carry=d > 0,
+                 first_row=None, last_row=None, ends_here=d == P - 1, empty=None)
   cu = cu_seqlens.astype(jnp.int32)
   start = d * T
   n0, m = sequence_index(cu, start), sequence_index(cu, start + T - 1)
@@ -238,8 +238,8 @@ def run(transition: Transition, call, args: tuple, initial_state, cu_seqlens, ax
   final state, the same on every device, or None without output_final_state)."""
   T = args[0].shape[1]
   here = locate(axis, T, cu_seqlens)
-  backend_call = call
-  call = lambda args, state, cu: backend_call(args, varying(state, axis), cu)
+  backend = call
+  call = lambda args, state, cu: backend(args, varying(state, axis), cu)
   enter_zero = put_row(initial_state, here.first_row,
                        transition.zero_state(take_row(initial_state, here.first_row)), here.crossing)
   if transition.value_index is None:
