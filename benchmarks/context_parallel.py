@@ -4,6 +4,7 @@ same tokens as a batch of SLICES sequences of T.
 
     python benchmarks/context_parallel.py [--ops gated_delta_rule] [--backend gpu]
                                           [--lengths 16384,32768,65536,131072] [--slices 2]
+                                          [--hkv 16,128,128] [--interpret] [--out DIR]
 
 The slices run under `jax.vmap` with an axis name (so `context_axis` is bound and every slice plays
 a device of the group: slice 0 enters with the initial state, the others with a state from before),
@@ -44,7 +45,8 @@ def peak_gib(compiled) -> float:
     return float("nan")
 
 
-def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int) -> dict:
+def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int,
+            interpret: bool = False) -> dict:
   family, fn_name, names = OPS[name]
   op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
   inputs = make_inputs(1, slices * T, H, K, V, jnp.bfloat16)
@@ -55,9 +57,10 @@ def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int
                  for n, a in zip(names, args))
   batch = tuple(a if n in static else a.reshape(slices, T, *a.shape[2:]) for n, a in zip(names, args))
   axes = tuple(None if n in static else 0 for n in names)
-  cp = jax.vmap(lambda *a: op(*a, backend=backend, context_axis=AXIS)[0], in_axes=axes,
-                axis_name=AXIS, axis_size=slices)
-  plain = lambda *a: op(*a, backend=backend)[0]
+  kw = dict(backend=backend, interpret=True) if interpret else dict(backend=backend)
+  cp = jax.vmap(lambda *a: op(*a, context_axis=AXIS, **kw)[0], in_axes=axes, axis_name=AXIS,
+                axis_size=slices)
+  plain = lambda *a: op(*a, **kw)[0]
   row = dict(op=name, backend=backend, slices=slices, T_slice=T)
   for label, fn, xs in (("plain", plain, batch), ("cp", cp, sliced)):
     o = jax.jit(fn)(*xs)
@@ -80,6 +83,7 @@ def main(argv=None):
   p.add_argument("--lengths", default="16384,32768,65536,131072")
   p.add_argument("--slices", type=int, default=2)
   p.add_argument("--hkv", default="16,128,128")
+  p.add_argument("--interpret", action="store_true", help="Pallas in interpret mode (a CPU smoke test)")
   p.add_argument("--out", default=os.environ.get("OUT", "."))
   a = p.parse_args(argv)
   H, K, V = (int(x) for x in a.hkv.split(","))
@@ -87,7 +91,7 @@ def main(argv=None):
   for name in a.ops.split(","):
     for T in (int(x) for x in a.lengths.split(",")):
       try:
-        rows.append(measure(name, a.backend, a.slices, T, H, K, V))
+        rows.append(measure(name, a.backend, a.slices, T, H, K, V, a.interpret))
       except Exception as e:  # the first length that does not fit ends this op's rows
         print(f"{name} T_slice={T}: stopped ({type(e).__name__}: {str(e)[:200]})", flush=True)
         break
