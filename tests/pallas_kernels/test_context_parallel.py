@@ -1,0 +1,182 @@
+"""Context parallelism (`context_axis`): every op with T split over 2 or 4 of the suite's 8 fake CPU
+devices inside `jax.shard_map` equals the same op unsharded, on the output, the final state (the
+same on every device: out_specs P() type-checks that it is invariant over the axis) and the
+gradients of every input and of the initial state.
+
+The packing `CU` puts every case of a slice boundary in 64 tokens: a sequence inside a slice, an
+empty one, one that ends on a slice's last token, one that crosses two (P = 4) or one (P = 2)
+boundaries (so a slice holds nothing but its middle and has to pass the entering state on), and one
+that starts on a slice's first token.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from tests.pallas_kernels import cases, harness
+
+F32 = jnp.float32
+T, H, K, V = 64, 2, 16, 16
+CU = np.array([0, 5, 5, 10, 48, 64], np.int32)  # slices of 16 (P = 4) or 32 (P = 2) tokens
+AXIS = "context"
+
+FAMILIES = {c.name: c for c in (cases.LINEAR_ATTN, cases.RETENTION, cases.SIMPLE_GLA, cases.GLA,
+                                cases.RWKV6, cases.DELTA_RULE, cases.GDN, cases.KDA, cases.HGRN,
+                                cases.MLSTM)}
+
+
+def draw(case, varlen: bool, seed: int = 0):
+  """Inputs, initial state and the cotangents of o and the final state (float32)."""
+  rng = np.random.default_rng(harness.seed_of("context", case.name, varlen, seed))
+  B = 1 if varlen else 2
+  N = len(CU) - 1 if varlen else B
+  inputs = case.make_inputs(rng, B, T, H, K, V)
+  state = case.make_state(rng, N, H, K, V)
+  do = harness.normal(rng, *(case.out_shape(B, T, H, K, V) if case.out_shape else (B, T, H, V)))
+  dS = jax.tree_util.tree_map(lambda s: harness.normal(rng, *s.shape), state)
+  return inputs, state, (do, dS)
+
+
+def sharded(case, devices: int, names, **kw):
+  """case.chunk with T split over `devices` devices: (inputs, state, cu) -> (o, final_state). A
+  Pallas call has no shard_map type for its outputs, so a Pallas backend runs with check_vma=False
+  (as lineax_lm.sharding runs every op call)."""
+  mesh = Mesh(np.array(jax.devices()[:devices]), (AXIS,))
+  specs = tuple(P() if n in case.static_inputs else P(None, AXIS) for n in names)
+
+  def local(xs, state, cu):
+    return case.chunk(*xs, initial_state=state, output_final_state=True, cu_seqlens=cu,
+                      context_axis=AXIS, **kw)
+  return jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P()), out_specs=(P(None, AXIS), P()),
+                       check_vma=kw.get("backend") not in ("gpu", "tpu"))
+
+
+def sliced(case, slices: int, names, **kw):
+  """case.chunk over `slices` slices of T on one device, the slices as a `jax.vmap` axis named AXIS
+  (which binds the axis as a mesh would): (inputs, state, cu) -> (o, final_state of slice 0), after
+  asserting that every slice returns the same final state."""
+  def split(x):  # [B, T, ...] -> [slices, B, T / slices, ...]
+    return jnp.moveaxis(x.reshape(x.shape[0], slices, -1, *x.shape[2:]), 1, 0)
+
+  def op(xs, state, cu):
+    axes = tuple(None if n in case.static_inputs else 0 for n in names)
+    xs = tuple(x if n in case.static_inputs else split(x) for n, x in zip(names, xs))
+    o, S = jax.vmap(lambda xs, state, cu: case.chunk(*xs, initial_state=state, output_final_state=True,
+                                                      cu_seqlens=cu, context_axis=AXIS, **kw),
+                    in_axes=(axes, None, None), axis_name=AXIS)(xs, state, cu)
+    o = jnp.moveaxis(o, 0, 1).reshape(o.shape[1], -1, *o.shape[3:])
+    return o, jax.tree_util.tree_map(lambda s: s[0], S), S
+  return op
+
+
+def unsharded(case, **kw):
+  return lambda xs, state, cu: case.chunk(*xs, initial_state=state, output_final_state=True,
+                                          cu_seqlens=cu, **kw)
+
+
+def outputs_and_grads(op, inputs, state, cotangents, cu):
+  """(o, final_state) and the gradients of sum(o * do) + sum(S * dS) w.r.t. the inputs and state."""
+  names = list(inputs)
+  xs = tuple(inputs.values())
+
+  def loss(xs, state):
+    o, S = op(xs, state, cu)
+    do, dS = cotangents
+    return jnp.sum(o.astype(F32) * do) + sum(
+        jnp.sum(s * c) for s, c in harness.paired_leaves(S, dS, "final_state")), (o, S)
+  g, out = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(xs, state)
+  return out, (dict(zip(names, g[0])), g[1])
+
+
+def check_context_parallel(case, devices: int, varlen: bool, backend: str = "xla", **kw):
+  """Asserts the op on `backend` sharded over `devices` equals it unsharded (on the xla path for a
+  Pallas backend), within the float32 tolerance of DESIGN.md."""
+  inputs, state, cotangents = draw(case, varlen)
+  cu = jnp.asarray(CU) if varlen else None
+  split = sharded(case, devices, list(inputs), backend=backend, **kw)
+  whole = unsharded(case, backend="xla" if backend in ("gpu", "tpu") else backend)
+  (o, S), g = outputs_and_grads(split, inputs, state, cotangents, cu)
+  (o_ref, S_ref), g_ref = outputs_and_grads(whole, inputs, state, cotangents, cu)
+  errors = {"o": harness.rel_rms(o, o_ref)}
+  for i, (a, b) in enumerate(harness.paired_leaves(S, S_ref, "final_state")):
+    errors[f"final_state[{i}]"] = harness.rel_rms(a, b)
+  for name in inputs:
+    errors[f"d{name}"] = harness.rel_rms(g[0][name], g_ref[0][name])
+  for i, (a, b) in enumerate(harness.paired_leaves(g[1], g_ref[1], "d_initial_state")):
+    errors[f"d_initial_state[{i}]"] = harness.rel_rms(a, b)
+  tol = harness.tolerance(F32, "out")  # float32: 1e-4 on everything
+  bad = {n: e for n, e in errors.items() if not e < tol}  # NaN fails too
+  assert not bad, f"{case.name} over {devices} devices, varlen={varlen}: {bad}"
+
+
+# The cross-device program is the same whatever backend the op resolves to; what differs by family
+# is its transition (each family's transition.py), and by layout the slice geometry (common/
+# context.py: a batch of rows, or packed sequences with global offsets). The suite's budget is CPU
+# seconds, so each family runs on the float32 reference (the cheapest to compile) in one of the four
+# layouts (2 or 4 devices, batch of 2 or CU), every layout holds at least two families, every kind of
+# transition (per-channel decay, a decay a head, the identity, K x K, elementwise, mLSTM's log space)
+# runs in at least two layouts; the chunked xla path runs the K x K (extra value columns) and mLSTM's,
+# a GPU kernel in interpret mode a decay a head.
+LAYOUTS = {"linear_attn": (2, True), "retention": (4, False), "simple_gla": (4, True),
+           "gla": (2, False), "rwkv6": (4, True), "delta_rule": (2, False),
+           "gated_delta_rule": (4, True), "kda": (4, False), "hgrn": (2, True), "mlstm": (4, True)}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_sharded_equals_unsharded(family):
+  devices, varlen = LAYOUTS[family]
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="reference")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,devices,varlen", [("gated_delta_rule", 4, True), ("mlstm", 2, False)])
+def test_xla_path_sharded_equals_unsharded(family, devices, varlen):
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="xla")
+
+
+@pytest.mark.slow
+def test_gpu_kernel_sharded_equals_unsharded():
+  """A Pallas GPU kernel (interpret mode) under the same cross-device program: retention, on the
+  simple GLA kernels."""
+  check_context_parallel(FAMILIES["retention"], 2, varlen=False, backend="gpu", interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,varlen", [("gated_delta_rule", True), ("gla", False),
+                                           ("simple_gla", True), ("hgrn", False)])
+def test_gpu_kernels_over_slices_on_one_device(family, varlen):
+  """The compiled GPU kernels under the cross-device program, its 4 slices as a vmap axis on the one
+  device: equal to the unsharded kernels, and every slice returns the same final state."""
+  case = FAMILIES[family]
+  inputs, state, cotangents = draw(case, varlen)
+  cu = jnp.asarray(CU) if varlen else None
+  op = sliced(case, 4, list(inputs), backend="gpu")
+  o, S, S_all = jax.jit(op)(tuple(inputs.values()), state, cu)
+  o_ref, S_ref = jax.jit(unsharded(case, backend="gpu"))(tuple(inputs.values()), state, cu)
+  tol = harness.tolerance(F32, "out")
+  assert harness.rel_rms(o, o_ref) < tol
+  for a, b in harness.paired_leaves(S, S_ref, "final_state"):
+    assert harness.rel_rms(a, b) < tol
+  for s in jax.tree_util.tree_leaves(S_all):
+    np.testing.assert_array_equal(s, jnp.broadcast_to(s[:1], s.shape))
+  (_, _), g = outputs_and_grads(lambda *a: op(*a)[:2], inputs, state, cotangents, cu)
+  (_, _), g_ref = outputs_and_grads(unsharded(case, backend="gpu"), inputs, state, cotangents, cu)
+  for name in inputs:
+    assert harness.rel_rms(g[0][name], g_ref[0][name]) < tol, name
+  for a, b in harness.paired_leaves(g[1], g_ref[1], "d_initial_state"):
+    assert harness.rel_rms(a, b) < tol
+
+
+def test_unbound_axis_and_unequal_slices_raise():
+  x = cases.gla_inputs(np.random.default_rng(0), 1, 32, 2, 8, 8)
+  with pytest.raises(ValueError, match="`context_axis='nope'` is not a bound mesh axis"):
+    cases.GLA.chunk(*x.values(), context_axis="nope")
+  mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+  cu = np.array([0, 10, 16], np.int32)  # concrete, and ending at the local T = 16, not at 2 x 16
+  op = jax.shard_map(lambda *xs: cases.GLA.chunk(*xs, cu_seqlens=cu, context_axis=AXIS)[0], mesh=mesh,
+                     in_specs=P(None, AXIS), out_specs=P(None, AXIS))
+  with pytest.raises(ValueError, match="must end at the whole length, 2 devices x the local T = 16"):
+    jax.jit(op).trace(*x.values())
