@@ -164,22 +164,28 @@ class Context(NamedTuple):
   cache_index: jax.Array | None = None
 
 
-def causal_taps(x, width: int, state=None, reset_ids=None):
+def causal_taps(x, width: int, state=None, reset_ids=None, state_ids=None):
   """taps[s][:, t] = x[:, t - s] for s = 0..width-1 (zero before the sequence or segment start).
 
-  x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation);
-  reset_ids: [B, L] segment ids, a tap never crosses a change of id. Returns (taps, new_state) with
-  new_state [B, width - 1, C] the last width - 1 inputs.
+  x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation, or the
+  previous device's last inputs under context parallelism); reset_ids: [B, L] segment ids, a tap
+  never crosses a change of id; state_ids: [B, width - 1] the segment ids of `state` (a tap reaches
+  into the state where its id is the token's; without them, no tap of a packed row does). Returns
+  (taps, new_state) with new_state [B, width - 1, C] the last width - 1 inputs.
   """
   B, L, C = x.shape
   prev = jnp.zeros((B, width - 1, C), x.dtype) if state is None else state.astype(x.dtype)
   xx = jnp.concatenate([prev, x], axis=1)
+  ids = None if state_ids is None else jnp.concatenate([state_ids.astype(reset_ids.dtype), reset_ids], 1)
   taps = []
   for s in range(width):
     tap = xx[:, width - 1 - s: width - 1 - s + L]
     if reset_ids is not None and s > 0:
-      n = min(s, L)
-      same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
+      if ids is not None:
+        same = ids[:, width - 1 - s: width - 1 - s + L] == reset_ids
+      else:
+        n = min(s, L)
+        same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
       tap = jnp.where(same[..., None], tap, 0)
     taps.append(tap)
   return taps, xx[:, L:]
@@ -203,8 +209,8 @@ class ShortConv(nnx.Module):
 
   def __call__(self, x, state=None, reset_ids=None):
     """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
-    def conv(x, w, bias, state):
-      taps, new_state = causal_taps(x, self.width, state, reset_ids)
+    def conv(x, w, bias, state, reset_ids, state_ids=None):
+      taps, new_state = causal_taps(x, self.width, state, reset_ids, state_ids)
       y = sum(tap.astype(F32) * w.astype(F32)[self.width - 1 - s] for s, tap in enumerate(taps))
       if bias is not None:
         y = y + bias.astype(F32)
@@ -212,7 +218,24 @@ class ShortConv(nnx.Module):
         y = jax.nn.silu(y)
       return y.astype(x.dtype), new_state
     bias = None if self.bias is None else self.bias[...]
-    return recomputed(conv)(x, self.weight[...], bias, state)
+    if state is None and self.width > 1 and sharding.context_axis(x.shape[1]):
+      return context_parallel_conv(recomputed(conv), self.width, x, self.weight[...], bias, reset_ids)
+    return recomputed(conv)(x, self.weight[...], bias, state, reset_ids)
+
+
+def context_parallel_conv(conv, width: int, x, w, bias, reset_ids):
+  """ShortConv's `conv(x, w, bias, state, reset_ids, state_ids) -> (y, new state)` with T split over
+  the mesh's `context` axis: each device's slice starts from the previous slice's last W - 1 inputs
+  and their segment ids (a halo, one ppermute each; zeros on the first device), so a tap crosses
+  devices exactly where it crosses positions and stops at the same sequence starts. Returns (y, the
+  sequence's last W - 1 inputs)."""
+  def local(x, w, bias, reset_ids):
+    halo = sharding.previous_halo(x, width - 1)
+    halo_ids = None if reset_ids is None else sharding.previous_halo(reset_ids, width - 1)
+    return conv(x, w, bias, halo, reset_ids, halo_ids)[0]
+  y = sharding.context_map(local, (x, w, bias, reset_ids), ("time", "channels", "channels", "time"),
+                           x.shape[-1])
+  return y, x[:, x.shape[1] - (width - 1):]
 
 
 # ----------------------------------------------------------------------------- gate initialisers
@@ -281,7 +304,9 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   into one row would make the sequential pass over chunks B times longer. Array keyword arguments
   are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
 
-  Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`).
+  Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`);
+  when that mesh splits T over `context` (training only), the chunk op gets `context_axis` and
+  each row's global cu_seqlens.
   """
   if packing is not None and state is not None:
     raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
@@ -289,12 +314,15 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   arrays = {n: v for n, v in kwargs.items() if isinstance(v, jax.Array)}
   static = {n: v for n, v in kwargs.items() if n not in arrays}
 
-  def call(args, state, arrays, cu_seqlens):
+  def call(args, state, arrays, cu_seqlens, context_axis=None):
+    # context_axis: each device holds one slice of T; the op passes the state between slices
+    split = {} if context_axis is None else {"context_axis": context_axis}
     if cu_seqlens is None:
-      return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static)
+      return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static,
+                **split)
 
     def row(row_args, row_cu):
-      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static)
+      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static, **split)
       return o[0]
     return jax.vmap(row)(args, cu_seqlens), None
 

@@ -1,0 +1,100 @@
+"""Context parallelism on the 8 fake CPU devices: one sequence split over the mesh's `context` axis
+gives what one device gives: the short convolution's halo, attention over gathered keys and values,
+and a training step of a hybrid (Gated DeltaNet with short convolutions + attention), with and
+without packed rows."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from lineax_lm import sharding
+from lineax_lm.layers import Context, LayerSpec, mixer_config
+from lineax_lm.layers.attention import Attention
+from lineax_lm.layers.common import ShortConv
+from lineax_lm.models.hybrid import make_packing
+from tests.lineax_lm.train.test_loss import _assert_same_grads, _batch, _sums_and_grads
+
+B, L = 2, 32
+
+
+def _mesh(data=1, fsdp=1, context=1, tensor=1):
+  shape = (data, fsdp, context, tensor)
+  devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+  return Mesh(devices, sharding.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def _segment_ids(seed=0):
+  """Packed rows whose sequences start at slice boundaries (8, 16 of 4 slices of 8), one and two
+  tokens after one (the halo then holds tokens of both sequences) and inside slices."""
+  starts = np.zeros((B, L), bool)
+  starts[:, 0] = True
+  starts[0, [8, 17, 21, 30]] = True
+  starts[1, [5, 16, 26]] = True
+  return np.cumsum(starts, axis=1).astype(np.int32)
+
+
+def _value_and_grads(fn, module, *args):
+  """fn(module, *args) and the gradients of its sum of squares w.r.t. the module's parameters and
+  the first arg, under jit."""
+  graphdef, params = nnx.split(module)
+
+  def loss(params, x, *rest):
+    y = fn(nnx.merge(graphdef, params), x, *rest)
+    return jnp.sum(y.astype(jnp.float32) ** 2), y
+  (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, *args)
+  return jax.device_get((y, grads))
+
+
+def _assert_same(one_device, split):
+  (y1, g1), (ys, gs) = one_device, split
+  np.testing.assert_allclose(ys, y1, rtol=1e-5, atol=1e-6)
+  _assert_same_grads(gs, g1)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_short_conv_halo_crosses_devices_and_stops_at_sequence_starts(packed):
+  conv = ShortConv(16, 4, LayerSpec(16, init_std=0.5), nnx.Rngs(0), bias=True)
+  x = jax.random.normal(jax.random.key(1), (B, L, 16))
+  reset_ids = make_packing(_segment_ids(), 8)[0].reset_ids if packed else None
+  run = lambda conv, x, ids: conv(x, None, ids)[0]
+  want = _value_and_grads(run, conv, x, reset_ids)
+  mesh = _mesh(data=2, context=4)
+  with jax.set_mesh(mesh):
+    assert sharding.context_axis(L) == "context"
+    lowered = jax.jit(run).lower(conv, x, reset_ids).as_text()
+    got = _value_and_grads(run, conv, x, reset_ids)
+  assert "collective_permute" in lowered  # the halo, not an XLA-chosen gather
+  _assert_same(want, got)
+
+
+@pytest.mark.parametrize("packed,window", [(False, None), (True, None), (True, 6)],
+                         ids=["causal", "packed", "packed_window"])
+def test_attention_over_gathered_keys_equals_one_device(packed, window):
+  cfg = mixer_config("attention", num_heads=4, num_kv_heads=2, window=window, backend="xla")
+  attn = Attention(cfg, LayerSpec(32, init_std=0.2), nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (B, L, 32))
+  if packed:
+    packing, positions, _ = make_packing(_segment_ids(), 8)
+  else:
+    packing, positions = None, jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+  run = lambda attn, x, positions, packing: attn(x, None, Context(positions, packing))[0]
+  want = _value_and_grads(run, attn, x, positions, packing)
+  with jax.set_mesh(_mesh(context=4, tensor=2)):  # heads split over tensor as well
+    lowered = jax.jit(run).lower(attn, x, positions, packing).as_text()
+    got = _value_and_grads(run, attn, x, positions, packing)
+  assert "all_gather" in lowered
+  _assert_same(want, got)
+
+
+@pytest.mark.slow  # two gradient compiles per case
+@pytest.mark.parametrize("kind", ["plain", "packed"])
+def test_context_parallel_step_equals_one_device(kind):
+  """Loss and every gradient of a 2-layer hybrid (Gated DeltaNet with its short convolutions, then
+  attention) with each sequence split over 4 devices (and the rows over 2) equal one device's."""
+  grads, loss, correct, count = _sums_and_grads((1, 1, 1, 1), 0, kind)
+  grads_c, loss_c, correct_c, count_c = _sums_and_grads((2, 1, 4, 1), 0, kind)
+  np.testing.assert_allclose(loss_c, loss, rtol=1e-5)
+  assert (correct_c, count_c) == (correct, count)
+  _assert_same_grads(grads_c, grads)
