@@ -13,8 +13,10 @@ from lineax_lm import sharding
 from lineax_lm.layers import Context, LayerSpec, mixer_config
 from lineax_lm.layers.attention import Attention
 from lineax_lm.layers.common import ShortConv
-from lineax_lm.models.hybrid import make_packing
-from tests.lineax_lm.train.test_loss import _assert_same_grads, _batch, _sums_and_grads
+from lineax_lm.models.hybrid import init_params, make_packing
+from lineax_lm.train.trainer import Trainer, validate_config
+from tests.lineax_lm.train.test_loss import _assert_same_grads, _batch
+from tests.lineax_lm.train.test_trainer import tiny_config
 
 B, L = 2, 32
 
@@ -88,13 +90,37 @@ def test_attention_over_gathered_keys_equals_one_device(packed, window):
   _assert_same(want, got)
 
 
+def _step_config():
+  config = tiny_config(attn_ratio="1:1", mixer_cfg=dict(num_heads=2, head_dim=16))
+  config.data.global_batch_size = 2
+  config.train.loss_chunk = 0
+  return config
+
+
+@pytest.fixture(scope="module")
+def step_params():
+  """The tiny hybrid's parameters, drawn once (no mesh) for every mesh of the step tests."""
+  config = _step_config()
+  return jax.device_get(init_params(validate_config(config, _mesh()), config.seed))
+
+
+def _step_grads(params, kind, **mesh_sizes):
+  """(gradients, loss sum, correct count, token count) of one training batch on the mesh."""
+  config, mesh = _step_config(), _mesh(**mesh_sizes)
+  trainer = Trainer(config, validate_config(config, mesh), mesh)
+  batch = _batch(config.data.global_batch_size, config.data.seq_len, config.model.vocab_size, kind)
+  with jax.set_mesh(mesh):
+    params = jax.device_put(params, trainer.state_sharding["params"])
+    return jax.device_get(jax.jit(trainer._grads)(params, trainer.put_batch(batch)))
+
+
 @pytest.mark.slow  # two gradient compiles per case
 @pytest.mark.parametrize("kind", ["plain", "packed"])
-def test_context_parallel_step_equals_one_device(kind):
+def test_context_parallel_step_equals_one_device(kind, step_params):
   """Loss and every gradient of a 2-layer hybrid (Gated DeltaNet with its short convolutions, then
   attention) with each sequence split over 4 devices (and the rows over 2) equal one device's."""
-  grads, loss, correct, count = _sums_and_grads((1, 1, 1, 1), 0, kind)
-  grads_c, loss_c, correct_c, count_c = _sums_and_grads((2, 1, 4, 1), 0, kind)
+  grads, loss, correct, count = _step_grads(step_params, kind)
+  grads_c, loss_c, correct_c, count_c = _step_grads(step_params, kind, data=2, context=4)
   np.testing.assert_allclose(loss_c, loss, rtol=1e-5)
   assert (correct_c, count_c) == (correct, count)
   _assert_same_grads(grads_c, grads)
