@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.common import checks, dispatch
+from pallas_kernels.common import checks, context, dispatch
 
 F32 = jnp.float32
 
@@ -49,18 +49,21 @@ class State(NamedTuple):
 MATRIX = State(("[N, H, K, V]",))  # the K x V state of every linear-attention family
 
 
-def dims(q, k, v, cu_seqlens, q_name: str = "q") -> Dims:
-  """Checks q, k [B, T, H, K], v [B, T, H, V] and cu_seqlens; returns the sizes."""
+def dims(q, k, v, cu_seqlens, q_name: str = "q", context_axis: str | None = None) -> Dims:
+  """Checks q, k [B, T, H, K], v [B, T, H, V] and cu_seqlens (global offsets under context_axis,
+  where T is the local slice's length); returns the sizes."""
   B, T, H, K, V = checks.check_qkv(q, k, v, q_name)
-  return Dims(B, T, H, K, V, checks.num_sequences(B, T, cu_seqlens))
+  return Dims(B, T, H, K, V, checks.num_sequences(B, context.global_length(T, cu_seqlens, context_axis),
+                                                  cu_seqlens))
 
 
-def elementwise_dims(x, cu_seqlens, name: str = "x") -> Dims:
+def elementwise_dims(x, cu_seqlens, name: str = "x", context_axis: str | None = None) -> Dims:
   """Checks x [B, T, D] (a floating array) and cu_seqlens; returns the sizes (H = K = V = None)."""
   checks.check_rank(name, x, 3, "[B, T, D]")
   checks.check_floating(name, x)
   B, T, D = x.shape
-  return Dims(B, T, None, None, None, checks.num_sequences(B, T, cu_seqlens), D)
+  return Dims(B, T, None, None, None, checks.num_sequences(
+      B, context.global_length(T, cu_seqlens, context_axis), cu_seqlens), D)
 
 
 def gate(name: str, x, d: Dims, layout: str, optional: bool = False):
@@ -99,19 +102,28 @@ def concrete_state(state, spec: State, d: Dims):
 
 
 def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_final_state,
-        cu_seqlens, backend, interpret, state: State = MATRIX, **options):
+        cu_seqlens, backend, interpret, state: State = MATRIX, context_axis: str | None = None,
+        transition: context.Transition | None = None, **options):
   """Makes the initial state concrete, dispatches, and returns (o, final_state or None).
 
   `options` go to the backend as keywords; `scale=None` becomes the default K ** -0.5. A Pallas
   backend module may define `unsupported(*args) -> reason or None` to decline inputs (see
-  dispatch.resolve).
+  dispatch.resolve). With `context_axis`, T is split over that mesh axis and `common.context.run`
+  wraps the backend, with the family's `transition`.
   """
   h0 = concrete_state(initial_state, state, d)
   if "scale" in options and options["scale"] is None:
     options["scale"] = d.K ** -0.5
-  fn = dispatch.resolve(family, kind, backend, interpret,
-                        supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(*args))
-  o, S = fn(*args, initial_state=h0, cu_seqlens=cu_seqlens, **options)
+
+  def call(args, initial_state, cu_seqlens):
+    fn = dispatch.resolve(family, kind, backend, interpret,
+                          supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(*args))
+    return fn(*args, initial_state=initial_state, cu_seqlens=cu_seqlens, **options)
+
+  if context_axis is not None:
+    return context.run(transition, call, args, h0, cu_seqlens, context_axis,
+                       output_final_state=output_final_state, scale=options.get("scale"))
+  o, S = call(args, h0, cu_seqlens)
   return o, S if output_final_state else None
 
 
@@ -128,6 +140,9 @@ def common_args(state: State = MATRIX, scale: bool = True) -> str:
   output_final_state: return the float32 final state (same layout) instead of None.
   cu_seqlens: int32 [N + 1] offsets of packed sequences (B == 1); the state resets at each boundary.
   backend: "auto" | "reference" | "xla" | "gpu" | "tpu".  interpret: run a Pallas kernel interpreted.
+  context_axis: None, or a mesh axis bound here (inside jax.shard_map) over which T is split into
+    contiguous equal slices: pass this device's slice of every [B, T, ...] input and get its slice of
+    o; initial_state, cu_seqlens (global offsets) and the final state are the same on every device.
 Returns:
   (o {o_layout} in the input dtype, final_state or None).
 """

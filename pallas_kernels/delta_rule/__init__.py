@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pallas_kernels.common import api
 from pallas_kernels.common.chunk import l2norm
+from pallas_kernels.delta_rule.transition import TRANSITION
 
 _DOC = """Delta rule{kind} (fla's `{fla}_delta_rule`).
 
@@ -18,27 +19,29 @@ Args:
 
 
 def _run(kind, q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-         use_qk_l2norm_in_kernel, backend, interpret):
-  d = api.dims(q, k, v, cu_seqlens)
+         use_qk_l2norm_in_kernel, backend, interpret, context_axis):
+  d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   beta = api.gate("beta", beta, d, "[B, T, H]")
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
   return api.run("delta_rule", kind, d, (q, k, v, beta), scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                 interpret=interpret)
+                 interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto", interpret=False):
+                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
+                     interpret=False, context_axis=None):
   return _run("chunk", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-              use_qk_l2norm_in_kernel, backend, interpret)
+              use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
-                               interpret=False):
+                               interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-              use_qk_l2norm_in_kernel, backend, interpret)
+              use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_delta_rule, fused_recurrent=fused_recurrent_delta_rule)

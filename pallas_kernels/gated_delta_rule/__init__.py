@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pallas_kernels.common import api
 from pallas_kernels.common.chunk import l2norm
+from pallas_kernels.gated_delta_rule.transition import TRANSITION
 
 _DOC = """Gated delta rule{kind} (fla's `{fla}_gated_delta_rule`).
 
@@ -17,29 +18,31 @@ Args:
 
 
 def _run(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-         use_qk_l2norm_in_kernel, backend, interpret):
-  d = api.dims(q, k, v, cu_seqlens)
+         use_qk_l2norm_in_kernel, backend, interpret, context_axis):
+  d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   g = api.log_decay_gate("g", g, d, "[B, T, H]")
   beta = api.gate("beta", beta, d, "[B, T, H]")
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
   return api.run("gated_delta_rule", kind, d, (q, k, v, g, beta), scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
-                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret)
+                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
-                           interpret=False):
+                           interpret=False, context_axis=None):
   return _run("chunk", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-              use_qk_l2norm_in_kernel, backend, interpret)
+              use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                      output_final_state=False, cu_seqlens=None,
-                                     use_qk_l2norm_in_kernel=False, backend="auto", interpret=False):
+                                     use_qk_l2norm_in_kernel=False, backend="auto",
+                                     interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
-              cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret)
+              cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_gated_delta_rule, fused_recurrent=fused_recurrent_gated_delta_rule)

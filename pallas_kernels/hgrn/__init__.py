@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pallas_kernels.common import api
+from pallas_kernels.hgrn.transition import TRANSITION
 
 STATE = api.State(("[N, D]",))
 
@@ -18,22 +19,25 @@ Args:
 """
 
 
-def _run(kind, x, g, initial_state, output_final_state, cu_seqlens, backend, interpret):
-  d = api.elementwise_dims(x, cu_seqlens)
+def _run(kind, x, g, initial_state, output_final_state, cu_seqlens, backend, interpret, context_axis):
+  d = api.elementwise_dims(x, cu_seqlens, context_axis=context_axis)
   g = api.log_decay_gate("g", g, d, "[B, T, D]")
   return api.run("hgrn", kind, d, (x, g), state=STATE, initial_state=initial_state,
                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                 interpret=interpret)
+                 interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_hgrn(x, g, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto",
-               interpret=False):
-  return _run("chunk", x, g, initial_state, output_final_state, cu_seqlens, backend, interpret)
+               interpret=False, context_axis=None):
+  return _run("chunk", x, g, initial_state, output_final_state, cu_seqlens, backend, interpret,
+              context_axis)
 
 
 def fused_recurrent_hgrn(x, g, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         backend="auto", interpret=False):
-  return _run("fused_recurrent", x, g, initial_state, output_final_state, cu_seqlens, backend, interpret)
+                         backend="auto", interpret=False, context_axis=None):
+  return _run("fused_recurrent", x, g, initial_state, output_final_state, cu_seqlens, backend,
+              interpret, context_axis)
 
 
 api.document(_DOC, state=STATE, scale=False, chunk=chunk_hgrn, fused_recurrent=fused_recurrent_hgrn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pallas_kernels.common import api
 from pallas_kernels.mlstm.reference import EPS
+from pallas_kernels.mlstm.transition import TRANSITION
 
 STATE = api.State(("[N, H, K, V]", "[N, H, K]", "[N, H]"), names=("C", "n", "m"))
 
@@ -24,24 +25,26 @@ Args:
 """.replace("{eps}", str(EPS))
 
 
-def _run(kind, q, k, v, i, f, scale, initial_state, output_final_state, cu_seqlens, backend, interpret):
-  d = api.dims(q, k, v, cu_seqlens)
+def _run(kind, q, k, v, i, f, scale, initial_state, output_final_state, cu_seqlens, backend,
+         interpret, context_axis):
+  d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   i, f = api.gate("i", i, d, "[B, T, H]"), api.gate("f", f, d, "[B, T, H]")
   return api.run("mlstm", kind, d, (q, k, v, i, f), state=STATE, scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
-                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret)
+                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-                backend="auto", interpret=False):
+                backend="auto", interpret=False, context_axis=None):
   return _run("chunk", q, k, v, i, f, scale, initial_state, output_final_state, cu_seqlens, backend,
-              interpret)
+              interpret, context_axis)
 
 
 def fused_recurrent_mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=False,
-                          cu_seqlens=None, backend="auto", interpret=False):
+                          cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, i, f, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret)
+              backend, interpret, context_axis)
 
 
 api.document(_DOC, state=STATE, chunk=chunk_mlstm, fused_recurrent=fused_recurrent_mlstm)

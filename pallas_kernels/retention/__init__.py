@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pallas_kernels.common import api
 from pallas_kernels.retention.reference import retention_log_decay  # noqa: F401  (public: g_gamma of retention)
+from pallas_kernels.retention.transition import TRANSITION
 
 _DOC = """Retention: linear attention with a fixed per-head decay{kind} (fla's `{fla}_retention`).
 
@@ -14,23 +15,25 @@ Args:
 """
 
 
-def _run(kind, q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend, interpret):
-  d = api.dims(q, k, v, cu_seqlens)
+def _run(kind, q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend, interpret,
+         context_axis):
+  d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   return api.run("retention", kind, d, (q, k, v), scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                 interpret=interpret)
+                 interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, backend="auto", interpret=False):
+                    cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
   return _run("chunk", q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend,
-              interpret)
+              interpret, context_axis)
 
 
 def fused_recurrent_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                              cu_seqlens=None, backend="auto", interpret=False):
+                              cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret)
+              backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_retention, fused_recurrent=fused_recurrent_retention)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pallas_kernels.common import api
+from pallas_kernels.simple_gla.transition import TRANSITION
 
 _DOC = """Simple gated linear attention, one scalar decay per head and step{kind} (fla's `{fla}_simple_gla`).
 
@@ -17,26 +18,28 @@ Args:
 
 
 def _run(kind, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, backend,
-         interpret):
-  d = api.dims(q, k, v, cu_seqlens)
+         interpret, context_axis):
+  d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   g = api.log_decay_gate("g", g, d, "[B, T, H]", optional=True)
   g_gamma = api.log_decay_gate("g_gamma", g_gamma, d, "[H]", optional=True)
   return api.run("simple_gla", kind, d, (q, k, v, g, g_gamma), scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
-                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret)
+                 cu_seqlens=cu_seqlens, backend=backend, interpret=interpret, context_axis=context_axis,
+                 transition=TRANSITION)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                     output_final_state=False, cu_seqlens=None, backend="auto", interpret=False):
+                     output_final_state=False, cu_seqlens=None, backend="auto", interpret=False,
+                     context_axis=None):
   return _run("chunk", q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret)
+              backend, interpret, context_axis)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
                                output_final_state=False, cu_seqlens=None, backend="auto",
-                               interpret=False):
+                               interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, g, g_gamma, scale, initial_state, output_final_state,
-              cu_seqlens, backend, interpret)
+              cu_seqlens, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_simple_gla, fused_recurrent=fused_recurrent_simple_gla)
