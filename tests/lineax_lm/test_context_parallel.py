@@ -16,6 +16,7 @@ from lineax_lm.layers.attention import Attention
 from lineax_lm.layers.common import ShortConv
 from lineax_lm.models.hybrid import HybridLM, make_packing
 from lineax_lm.train.trainer import Trainer, validate_config
+from lineax_lm.train.validation import check_config
 from tests.lineax_lm.train.test_loss import _assert_same_grads, _batch
 from tests.lineax_lm.train.test_trainer import tiny_config
 
@@ -131,3 +132,17 @@ def test_context_parallel_step_equals_one_device(step_params):
     np.testing.assert_allclose(loss_c, loss, rtol=1e-5, err_msg=kind)
     assert (correct_c, count_c) == (correct, count), kind
     _assert_same_grads(grads_c, grads)
+
+
+def test_mesh_config_context_axis_and_its_errors():
+  config = _step_config()
+  config.mesh.update(dict(data=-1, context=4))
+  assert dict(sharding.make_mesh(config.mesh).shape) == dict(data=2, fsdp=1, context=4, tensor=1)
+  del config.mesh["context"]  # a config written before the axis existed: context 1
+  assert sharding.make_mesh(config.mesh).shape["context"] == 1
+  config.mesh.context = 0
+  with pytest.raises(ValueError, match=r"config.mesh.context=0: must be an integer >= 1, or -1"):
+    check_config(config)
+  config.mesh.context, config.data.seq_len = 4, 30
+  with pytest.raises(ValueError, match=r"config.data.seq_len=30 is not divisible by the mesh's context"):
+    validate_config(config, sharding.make_mesh(config.mesh))
