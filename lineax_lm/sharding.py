@@ -132,6 +132,15 @@ def context_axis(length: int) -> str | None:
   return CONTEXT_AXIS if size > 1 and length % size == 0 else None
 
 
+def context_within_processes(mesh) -> bool:
+  """Whether the devices along `context` of every (data, fsdp, tensor) index belong to one process:
+  each process loads whole rows, so one row's slices must all be on its devices."""
+  if CONTEXT_AXIS not in mesh.axis_names:
+    return True
+  procs = np.vectorize(lambda d: d.process_index)(mesh.devices)
+  return bool((procs == np.take(procs, [0], axis=mesh.axis_names.index(CONTEXT_AXIS))).all())
+
+
 def context_map(fn, args: tuple, kinds: tuple, width: int):
   """`fn(*local args)` on each device's slice of the sequence, inside `jax.shard_map` with T split
   over `context` (call it only where `context_axis(T)` is not None); returns fn's output, one

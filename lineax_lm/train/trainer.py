@@ -72,6 +72,9 @@ def validate_config(config, mesh) -> ModelConfig:
   if config.data.seq_len % context:
     raise ValueError(f"config.data.seq_len={config.data.seq_len} is not divisible by the mesh's "
                      f"context axis ({context}): each device holds seq_len / context tokens of a row")
+  if not sharding.context_within_processes(mesh):
+    raise ValueError(f"config.mesh.context={context} spans devices of several processes; each "
+                     "process loads whole rows, so keep context * tensor within one host's devices")
   return model_cfg
 
 

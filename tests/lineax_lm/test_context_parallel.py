@@ -3,6 +3,8 @@ gives what one device gives: the short convolution's halo, attention over gather
 and a training step of a hybrid (a linear mixer with short convolutions + attention), with and
 without packed rows. Each linear op's own context path is tested in
 tests/pallas_kernels/test_context_parallel.py."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -146,3 +148,10 @@ def test_mesh_config_context_axis_and_its_errors():
   config.mesh.context, config.data.seq_len = 4, 30
   with pytest.raises(ValueError, match=r"config.data.seq_len=30 is not divisible by the mesh's context"):
     validate_config(config, sharding.make_mesh(config.mesh))
+
+
+def test_context_axis_must_stay_within_one_process():
+  procs = lambda ids: np.vectorize(lambda i: SimpleNamespace(process_index=i))(np.array(ids))
+  mesh = lambda ids: SimpleNamespace(devices=procs(ids), axis_names=sharding.MESH_AXES)
+  assert sharding.context_within_processes(mesh([[[[0], [0]]], [[[1], [1]]]]))  # data 2, context 2
+  assert not sharding.context_within_processes(mesh([[[[0], [1]]], [[[0], [1]]]]))
