@@ -6,7 +6,8 @@ A family's public `chunk_<mixer>` / `fused_recurrent_<mixer>` calls `dims` (q, k
 which checks the initial state against the family's `State`, makes it concrete (float32 zeros when
 None), resolves the backend and calls `<kind>_<mixer>(*args, initial_state=, cu_seqlens=, scale=)`
 of that backend. So a backend never sees `initial_state=None`, and the sequence count is the state's
-leading axis.
+leading axis. With `context_axis`, `run` hands the resolved backend to `common.context.run`, which
+splits the sequence over that mesh axis (see its docstring).
 """
 from __future__ import annotations
 

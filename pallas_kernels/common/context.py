@@ -11,7 +11,8 @@ decay, a K x K matrix for the delta rules; mLSTM combines (C, n, m) in log space
 
 1. runs the op on the local slice with the entering state of the first local sequence left out
    (zeros; the global `initial_state` where the sequence starts on this device): o and B;
-2. computes the first local segment's transition A with the family's `Transition.prefix`;
+2. computes the first local segment's transition A with the family's `Transition.prefix` (the
+   delta rules: in the same op call, as K extra value columns);
 3. all_gathers (A, B of the last local segment, whether that segment continues from before) over
    the axis and folds them in device order: every device gets its entering state S_in;
 4. adds S_in's share to the outputs of the first local segment (`Transition.correct`, linear in
@@ -53,14 +54,17 @@ class Transition(NamedTuple):
     tokens where `first` [B or 1, T] is True) and Q, the per-token factor with which the entering
     state reaches the outputs (o += correct(Q, S_in)); Q None makes the op re-run from S_in.
     `call(args, initial_state, cu_seqlens)` runs the op's resolved backend.
+  value_index: instead of a prefix, the position of v in args: the K x K transition of the delta
+    rules rides along in the local run as K extra value columns (`with_transition_columns`).
   apply(A, B, S) -> A(S) + B, state by state (leading axis: rows of the batch, or 1 with cu_seqlens).
   correct(Q, S) -> S's share of the outputs, float32.
   zero_state(S) -> the state that contributes nothing (default zeros like S).
   """
-  prefix: Callable
+  prefix: Callable | None
   apply: Callable
   correct: Callable | None = None
   zero_state: Callable = lambda S: tree_map(jnp.zeros_like, S)
+  value_index: int | None = None
 
 
 # --- transitions shared by the families ----------------------------------------------------------
@@ -90,16 +94,24 @@ def first_segment(x, first):
   return jnp.where(first.reshape(first.shape + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
 
 
-def identity_run(call, args, first):
-  """The prefix of the delta rules, by the op itself: `args` with v = 0 and the keys, gates and
-  write strengths after the first segment zeroed (so the state stops changing there), run from the
-  identity [B, H, K, K] state. Its final state is the segment's K x K transition A (S_out = A S_in
-  + B) and its output o_t = P_t^T (scale q_t), with P_t the transition up to t: the factor through
-  which S_in reaches o_t."""
-  B, _, H, K = args[0].shape
-  eye = jnp.broadcast_to(jnp.eye(K, dtype=F32), (B, H, K, K))
-  o, A = call(args, eye, None)
-  return A, jnp.where(first[:, :, None, None], o.astype(F32), 0.0)
+def with_transition_columns(call, args, value_index: int, state, here: Slice):
+  """The local run of the delta rules, their transition riding along: v gets K zero columns and the
+  state K identity columns ([S | I], I on the row of the first local sequence only). Value columns
+  evolve independently (the keys, gates and write strengths are shared), so the extra columns
+  compute the first segment's K x K transition P (S_out = P S_in + B) in the final state and the
+  factor P_t^T (scale q_t) through which S_in reaches o_t in the output, in the same op call as o
+  and B, sharing its key-side work (the chunks' WY factors); the op's own varlen resets confine them
+  to the first segment. Returns (o, final states, A [R, H, K, K], Q [B, T, H, K] float32)."""
+  v = args[value_index]
+  K, V = args[0].shape[-1], v.shape[-1]
+  wide_v = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (K,), v.dtype)], -1)
+  rows, H = state.shape[:2]
+  eye = jnp.broadcast_to(jnp.eye(K, dtype=F32), (rows, H, K, K))
+  if here.first_row is not None:
+    eye = jnp.where((jnp.arange(rows) == here.first_row)[:, None, None, None], eye, 0.0)
+  wide_args = args[:value_index] + (wide_v,) + args[value_index + 1:]
+  o, S = call(wide_args, jnp.concatenate([state, eye], -1), here.cu_local)
+  return o[..., :V], S[..., :V], take_row(S[..., V:], here.first_row), o[..., V:].astype(F32)
 
 
 def apply_diagonal(A, B, S):
@@ -159,8 +171,8 @@ class Slice(NamedTuple):
 def locate(axis: str, T: int, cu_seqlens) -> Slice:
   P, d = axis_size(axis), lax.axis_index(axis)
   if cu_seqlens is None:
-    later = d > 0
-    return Slice(d, None, jnp.ones((1, T), bool), later, later, None, None, d == P - 1, None)
+    return Slice(index=d, cu_local=None, first=jnp.ones((1, T), bool), crossing=d > 0, carry=d > 0,
+                 first_row=None, last_row=None, ends_here=d == P - 1, empty=None)
   cu = cu_seqlens.astype(jnp.int32)
   start = d * T
   n0, m = sequence_index(cu, start), sequence_index(cu, start + T - 1)
@@ -193,7 +205,11 @@ def rows_where(mask, S, other):
 
 def varying(tree, axis: str):
   """Marks every leaf as varying over `axis` (shard_map's type of per-device values), so that a
-  backend's scan carry that mixes it with local inputs keeps one type."""
+  backend's scan carry that mixes it with local inputs keeps one type. Only shard_map's manual axes
+  carry that type (a vmap axis name does not)."""
+  if axis not in getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()):
+    return tree
+
   def vary(x):
     axis_type = getattr(jax.typeof(x), "manual_axis_type", None)
     return x if axis_type is None or axis in axis_type.varying else lax.pcast(x, axis, to="varying")
@@ -222,12 +238,15 @@ def run(transition: Transition, call, args: tuple, initial_state, cu_seqlens, ax
   final state, the same on every device, or None without output_final_state)."""
   T = args[0].shape[1]
   here = locate(axis, T, cu_seqlens)
-  backend_call = call
-  call = lambda args, state, cu: backend_call(args, varying(state, axis), cu)
+  backend = call
+  call = lambda args, state, cu: backend(args, varying(state, axis), cu)
   enter_zero = put_row(initial_state, here.first_row,
                        transition.zero_state(take_row(initial_state, here.first_row)), here.crossing)
-  o, S = call(args, enter_zero, here.cu_local)
-  A, Q = transition.prefix(call, args, here.first, scale)
+  if transition.value_index is None:
+    o, S = call(args, enter_zero, here.cu_local)
+    A, Q = transition.prefix(call, args, here.first, scale)
+  else:
+    o, S, A, Q = with_transition_columns(call, args, transition.value_index, enter_zero, here)
   S_in = entering_states(transition, axis, A, take_row(S, here.last_row), here.carry)
   if Q is None:
     o, S = call(args, put_row(initial_state, here.first_row, S_in, here.crossing), here.cu_local)

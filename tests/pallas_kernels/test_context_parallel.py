@@ -1,6 +1,7 @@
 """Context parallelism (`context_axis`): every op with T split over 2 or 4 of the suite's 8 fake CPU
 devices inside `jax.shard_map` equals the same op unsharded, on the output, the final state (the
-same on every device) and the gradients of every input and of the initial state.
+same on every device: out_specs P() type-checks that it is invariant over the axis) and the
+gradients of every input and of the initial state.
 
 The packing `CU` puts every case of a slice boundary in 64 tokens: a sequence inside a slice, an
 empty one, one that ends on a slice's last token, one that crosses two (P = 4) or one (P = 2)
@@ -40,14 +41,17 @@ def draw(case, varlen: bool, seed: int = 0):
 
 
 def sharded(case, devices: int, names, **kw):
-  """case.chunk with T split over `devices` devices: (inputs, state, cu) -> (o, final_state)."""
+  """case.chunk with T split over `devices` devices: (inputs, state, cu) -> (o, final_state). A
+  Pallas call has no shard_map type for its outputs, so a Pallas backend runs with check_vma=False
+  (as lineax_lm.sharding runs every op call)."""
   mesh = Mesh(np.array(jax.devices()[:devices]), (AXIS,))
   specs = tuple(P() if n in case.static_inputs else P(None, AXIS) for n in names)
 
   def local(xs, state, cu):
     return case.chunk(*xs, initial_state=state, output_final_state=True, cu_seqlens=cu,
                       context_axis=AXIS, **kw)
-  return jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P()), out_specs=(P(None, AXIS), P()))
+  return jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P()), out_specs=(P(None, AXIS), P()),
+                       check_vma=kw.get("backend") not in ("gpu", "tpu"))
 
 
 def unsharded(case, **kw):
@@ -55,11 +59,10 @@ def unsharded(case, **kw):
                                           cu_seqlens=cu, **kw)
 
 
-def outputs_and_grads(case, op, inputs, state, cotangents, cu, grads: bool):
+def outputs_and_grads(op, inputs, state, cotangents, cu):
+  """(o, final_state) and the gradients of sum(o * do) + sum(S * dS) w.r.t. the inputs and state."""
   names = list(inputs)
   xs = tuple(inputs.values())
-  if not grads:
-    return jax.jit(op)(xs, state, cu), None
 
   def loss(xs, state):
     o, S = op(xs, state, cu)
@@ -70,32 +73,66 @@ def outputs_and_grads(case, op, inputs, state, cotangents, cu, grads: bool):
   return out, (dict(zip(names, g[0])), g[1])
 
 
-def check_context_parallel(case, devices: int, varlen: bool, grads: bool = True, tol: float = 1e-4,
-                           **kw):
-  """Asserts the sharded op equals the unsharded one within the float32 tolerance of DESIGN.md."""
+def check_context_parallel(case, devices: int, varlen: bool, backend: str = "xla", **kw):
+  """Asserts the op on `backend` sharded over `devices` equals it unsharded (on the xla path for a
+  Pallas backend), within the float32 tolerance of DESIGN.md."""
   inputs, state, cotangents = draw(case, varlen)
   cu = jnp.asarray(CU) if varlen else None
-  (o, S), g = outputs_and_grads(case, sharded(case, devices, list(inputs), **kw), inputs, state,
-                                cotangents, cu, grads)
-  (o_ref, S_ref), g_ref = outputs_and_grads(case, unsharded(case, backend="xla"), inputs, state,
-                                            cotangents, cu, grads)
+  split = sharded(case, devices, list(inputs), backend=backend, **kw)
+  whole = unsharded(case, backend="xla" if backend in ("gpu", "tpu") else backend)
+  (o, S), g = outputs_and_grads(split, inputs, state, cotangents, cu)
+  (o_ref, S_ref), g_ref = outputs_and_grads(whole, inputs, state, cotangents, cu)
   errors = {"o": harness.rel_rms(o, o_ref)}
   for i, (a, b) in enumerate(harness.paired_leaves(S, S_ref, "final_state")):
     errors[f"final_state[{i}]"] = harness.rel_rms(a, b)
-  if grads:
-    for name in inputs:
-      errors[f"d{name}"] = harness.rel_rms(g[0][name], g_ref[0][name])
-    for i, (a, b) in enumerate(harness.paired_leaves(g[1], g_ref[1], "d_initial_state")):
-      errors[f"d_initial_state[{i}]"] = harness.rel_rms(a, b)
+  for name in inputs:
+    errors[f"d{name}"] = harness.rel_rms(g[0][name], g_ref[0][name])
+  for i, (a, b) in enumerate(harness.paired_leaves(g[1], g_ref[1], "d_initial_state")):
+    errors[f"d_initial_state[{i}]"] = harness.rel_rms(a, b)
+  tol = harness.tolerance(F32, "out")  # float32: 1e-4 on everything
   bad = {n: e for n, e in errors.items() if not e < tol}  # NaN fails too
   assert not bad, f"{case.name} over {devices} devices, varlen={varlen}: {bad}"
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_varlen_over_4_devices_matches_unsharded(family):
-  check_context_parallel(FAMILIES[family], 4, varlen=True, backend="xla")
+# The cross-device program is the same whatever backend the op resolves to; what differs by family
+# is its transition (each family's transition.py), and by layout the slice geometry (common/
+# context.py: a batch of rows, or packed sequences with global offsets). The suite's budget is CPU
+# seconds, so each family runs on the float32 reference (the cheapest to compile) in one of the four
+# layouts (2 or 4 devices, batch of 2 or CU), every layout holds at least two families, every kind of
+# transition (per-channel decay, a decay a head, the identity, K x K, elementwise, mLSTM's log space)
+# runs in at least two layouts; the chunked xla path runs the K x K (extra value columns) and mLSTM's,
+# a GPU kernel in interpret mode a decay a head.
+LAYOUTS = {"linear_attn": (2, True), "retention": (4, False), "simple_gla": (4, True),
+           "gla": (2, False), "rwkv6": (4, True), "delta_rule": (2, False),
+           "gated_delta_rule": (4, True), "kda": (4, False), "hgrn": (2, True), "mlstm": (4, True)}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_batch_over_2_devices_matches_unsharded(family):
-  check_context_parallel(FAMILIES[family], 2, varlen=False, backend="xla")
+def test_family_sharded_equals_unsharded(family):
+  devices, varlen = LAYOUTS[family]
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="reference")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,devices,varlen", [("gated_delta_rule", 4, True), ("mlstm", 2, False)])
+def test_xla_path_sharded_equals_unsharded(family, devices, varlen):
+  check_context_parallel(FAMILIES[family], devices, varlen, backend="xla")
+
+
+@pytest.mark.slow
+def test_gpu_kernel_sharded_equals_unsharded():
+  """A Pallas GPU kernel (interpret mode) under the same cross-device program: retention, on the
+  simple GLA kernels."""
+  check_context_parallel(FAMILIES["retention"], 2, varlen=False, backend="gpu", interpret=True)
+
+
+def test_unbound_axis_and_unequal_slices_raise():
+  x = cases.gla_inputs(np.random.default_rng(0), 1, 32, 2, 8, 8)
+  with pytest.raises(ValueError, match="`context_axis='nope'` is not a bound mesh axis"):
+    cases.GLA.chunk(*x.values(), context_axis="nope")
+  mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+  cu = np.array([0, 10, 16], np.int32)  # concrete, and ending at the local T = 16, not at 2 x 16
+  op = jax.shard_map(lambda *xs: cases.GLA.chunk(*xs, cu_seqlens=cu, context_axis=AXIS)[0], mesh=mesh,
+                     in_specs=P(None, AXIS), out_specs=P(None, AXIS))
+  with pytest.raises(ValueError, match="must end at the whole length, 2 devices x the local T = 16"):
+    jax.jit(op).trace(*x.values())
