@@ -106,9 +106,11 @@ def replicated(mesh) -> NamedSharding:
 
 
 def _training_mesh():
-  """The current mesh when it has the training axes and more than one device, else None."""
+  """The current mesh when it has the training axes and more than one device, else None (also
+  inside a `jax.shard_map`, whose arrays are already each device's own)."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
+  if (mesh.empty or mesh.size == 1 or mesh.manual_axes
+      or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names)):
     return None
   return mesh
 
@@ -146,9 +148,10 @@ def context_map(fn, args: tuple, kinds: tuple, width: int):
   over `context` (call it only where `context_axis(T)` is not None); returns fn's output, one
   [B, T, ...] array, its width at axis 2 split like the args'.
 
-  `kinds[i]` says how args[i] is split: "time" ([B, T, ...]: rows over (data, fsdp), time over
-  `context`, axis 2 (when there is one) over `tensor`), "channels" ([..., width] per-channel or
-  per-head weights: the last axis over `tensor`) or None (replicated; also for None args). `width`:
+  `kinds[i]` says how every array of args[i] (an array, a pytree of them or None) is split: "time"
+  ([B, T, ...]: rows over (data, fsdp), time over `context`, axis 2 (when there is one) over
+  `tensor`), "channels" ([..., width] per-channel or per-head weights: the last axis over `tensor`)
+  or None (replicated). `width`:
   the size of axis 2 of the "time" args; the tensor axis splits it only when it divides it."""
   mesh = _training_mesh()
   B = next(a for a, kind in zip(args, kinds) if kind == "time").shape[0]
@@ -160,7 +163,8 @@ def context_map(fn, args: tuple, kinds: tuple, width: int):
     if kind == "channels":
       return P(*([None] * (arg.ndim - 1)), head)
     return P()
-  in_specs = tuple(None if a is None else spec(a, kind) for a, kind in zip(args, kinds))
+  in_specs = tuple(jax.tree_util.tree_map(lambda a, kind=kind: spec(a, kind), arg)
+                   for arg, kind in zip(args, kinds))
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(batch, CONTEXT_AXIS, head),
                        check_vma=False)(*args)
 

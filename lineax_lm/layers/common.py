@@ -164,28 +164,22 @@ class Context(NamedTuple):
   cache_index: jax.Array | None = None
 
 
-def causal_taps(x, width: int, state=None, reset_ids=None, state_ids=None):
+def causal_taps(x, width: int, state=None, reset_ids=None):
   """taps[s][:, t] = x[:, t - s] for s = 0..width-1 (zero before the sequence or segment start).
 
-  x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation, or the
-  previous device's last inputs under context parallelism); reset_ids: [B, L] segment ids, a tap
-  never crosses a change of id; state_ids: [B, width - 1] the segment ids of `state` (a tap reaches
-  into the state where its id is the token's; without them, no tap of a packed row does). Returns
-  (taps, new_state) with new_state [B, width - 1, C] the last width - 1 inputs.
+  x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation);
+  reset_ids: [B, L] segment ids, a tap never crosses a change of id. Returns (taps, new_state) with
+  new_state [B, width - 1, C] the last width - 1 inputs.
   """
   B, L, C = x.shape
   prev = jnp.zeros((B, width - 1, C), x.dtype) if state is None else state.astype(x.dtype)
   xx = jnp.concatenate([prev, x], axis=1)
-  ids = None if state_ids is None else jnp.concatenate([state_ids.astype(reset_ids.dtype), reset_ids], 1)
   taps = []
   for s in range(width):
     tap = xx[:, width - 1 - s: width - 1 - s + L]
     if reset_ids is not None and s > 0:
-      if ids is not None:
-        same = ids[:, width - 1 - s: width - 1 - s + L] == reset_ids
-      else:
-        n = min(s, L)
-        same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
+      n = min(s, L)
+      same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
       tap = jnp.where(same[..., None], tap, 0)
     taps.append(tap)
   return taps, xx[:, L:]
@@ -209,8 +203,8 @@ class ShortConv(nnx.Module):
 
   def __call__(self, x, state=None, reset_ids=None):
     """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
-    def conv(x, w, bias, state, reset_ids, state_ids=None):
-      taps, new_state = causal_taps(x, self.width, state, reset_ids, state_ids)
+    def conv(x, w, bias, state):
+      taps, new_state = causal_taps(x, self.width, state, reset_ids)
       y = sum(tap.astype(F32) * w.astype(F32)[self.width - 1 - s] for s, tap in enumerate(taps))
       if bias is not None:
         y = y + bias.astype(F32)
@@ -219,23 +213,25 @@ class ShortConv(nnx.Module):
       return y.astype(x.dtype), new_state
     bias = None if self.bias is None else self.bias[...]
     if state is None and self.width > 1 and sharding.context_axis(x.shape[1]):
-      return context_parallel_conv(recomputed(conv), self.width, x, self.weight[...], bias, reset_ids)
-    return recomputed(conv)(x, self.weight[...], bias, state, reset_ids)
+      return context_parallel_conv(self, x, reset_ids), x[:, x.shape[1] - (self.width - 1):]
+    return recomputed(conv)(x, self.weight[...], bias, state)
 
 
-def context_parallel_conv(conv, width: int, x, w, bias, reset_ids):
-  """ShortConv's `conv(x, w, bias, state, reset_ids, state_ids) -> (y, new state)` with T split over
-  the mesh's `context` axis: each device's slice starts from the previous slice's last W - 1 inputs
-  and their segment ids (a halo, one ppermute each; zeros on the first device), so a tap crosses
-  devices exactly where it crosses positions and stops at the same sequence starts. Returns (y, the
-  sequence's last W - 1 inputs)."""
-  def local(x, w, bias, reset_ids):
-    halo = sharding.previous_halo(x, width - 1)
-    halo_ids = None if reset_ids is None else sharding.previous_halo(reset_ids, width - 1)
-    return conv(x, w, bias, halo, reset_ids, halo_ids)[0]
-  y = sharding.context_map(local, (x, w, bias, reset_ids), ("time", "channels", "channels", "time"),
-                           x.shape[-1])
-  return y, x[:, x.shape[1] - (width - 1):]
+def context_parallel_conv(conv: ShortConv, x, reset_ids):
+  """`conv`'s training output y [B, L, C] (no state) with T split over the mesh's `context` axis:
+  each device receives the previous slice's last W - 1 inputs and their segment ids (a halo, one
+  ppermute each; zeros on the first device, whose zero inputs add nothing), runs the layer's own
+  convolution on halo + slice and keeps its slice's outputs, so a tap crosses devices exactly where
+  it crosses positions and stops at the same sequence starts."""
+  halo_rows = conv.width - 1
+  graphdef, params = nnx.split(conv)
+
+  def local(x, params, reset_ids):
+    x = jnp.concatenate([sharding.previous_halo(x, halo_rows), x], axis=1)
+    if reset_ids is not None:
+      reset_ids = jnp.concatenate([sharding.previous_halo(reset_ids, halo_rows), reset_ids], axis=1)
+    return nnx.merge(graphdef, params)(x, None, reset_ids)[0][:, halo_rows:]
+  return sharding.context_map(local, (x, params, reset_ids), ("time", "channels", "time"), x.shape[-1])
 
 
 # ----------------------------------------------------------------------------- gate initialisers
