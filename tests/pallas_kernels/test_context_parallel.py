@@ -54,6 +54,24 @@ def sharded(case, devices: int, names, **kw):
                        check_vma=kw.get("backend") not in ("gpu", "tpu"))
 
 
+def sliced(case, slices: int, names, **kw):
+  """case.chunk over `slices` slices of T on one device, the slices as a `jax.vmap` axis named AXIS
+  (which binds the axis as a mesh would): (inputs, state, cu) -> (o, final_state of slice 0), after
+  asserting that every slice returns the same final state."""
+  def split(x):  # [B, T, ...] -> [slices, B, T / slices, ...]
+    return jnp.moveaxis(x.reshape(x.shape[0], slices, -1, *x.shape[2:]), 1, 0)
+
+  def op(xs, state, cu):
+    axes = tuple(None if n in case.static_inputs else 0 for n in names)
+    xs = tuple(x if n in case.static_inputs else split(x) for n, x in zip(names, xs))
+    o, S = jax.vmap(lambda xs, state, cu: case.chunk(*xs, initial_state=state, output_final_state=True,
+                                                      cu_seqlens=cu, context_axis=AXIS, **kw),
+                    in_axes=(axes, None, None), axis_name=AXIS)(xs, state, cu)
+    o = jnp.moveaxis(o, 0, 1).reshape(o.shape[1], -1, *o.shape[3:])
+    return o, jax.tree_util.tree_map(lambda s: s[0], S), S
+  return op
+
+
 def unsharded(case, **kw):
   return lambda xs, state, cu: case.chunk(*xs, initial_state=state, output_final_state=True,
                                           cu_seqlens=cu, **kw)
@@ -124,6 +142,32 @@ def test_gpu_kernel_sharded_equals_unsharded():
   """A Pallas GPU kernel (interpret mode) under the same cross-device program: retention, on the
   simple GLA kernels."""
   check_context_parallel(FAMILIES["retention"], 2, varlen=False, backend="gpu", interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,varlen", [("gated_delta_rule", True), ("gla", False),
+                                           ("simple_gla", True), ("hgrn", False)])
+def test_gpu_kernels_over_slices_on_one_device(family, varlen):
+  """The compiled GPU kernels under the cross-device program, its 4 slices as a vmap axis on the one
+  device: equal to the unsharded kernels, and every slice returns the same final state."""
+  case = FAMILIES[family]
+  inputs, state, cotangents = draw(case, varlen)
+  cu = jnp.asarray(CU) if varlen else None
+  op = sliced(case, 4, list(inputs), backend="gpu")
+  o, S, S_all = jax.jit(op)(tuple(inputs.values()), state, cu)
+  o_ref, S_ref = jax.jit(unsharded(case, backend="gpu"))(tuple(inputs.values()), state, cu)
+  tol = harness.tolerance(F32, "out")
+  assert harness.rel_rms(o, o_ref) < tol
+  for a, b in harness.paired_leaves(S, S_ref, "final_state"):
+    assert harness.rel_rms(a, b) < tol
+  for s in jax.tree_util.tree_leaves(S_all):
+    np.testing.assert_array_equal(s, jnp.broadcast_to(s[:1], s.shape))
+  (_, _), g = outputs_and_grads(lambda *a: op(*a)[:2], inputs, state, cotangents, cu)
+  (_, _), g_ref = outputs_and_grads(unsharded(case, backend="gpu"), inputs, state, cotangents, cu)
+  for name in inputs:
+    assert harness.rel_rms(g[0][name], g_ref[0][name]) < tol, name
+  for a, b in harness.paired_leaves(g[1], g_ref[1], "d_initial_state"):
+    assert harness.rel_rms(a, b) < tol
 
 
 def test_unbound_axis_and_unequal_slices_raise():
