@@ -151,8 +151,8 @@ def context_map(fn, args: tuple, kinds: tuple, width: int):
   `kinds[i]` says how every array of args[i] (an array, a pytree of them or None) is split: "time"
   ([B, T, ...]: rows over (data, fsdp), time over `context`, axis 2 (when there is one) over
   `tensor`), "channels" ([..., width] per-channel or per-head weights: the last axis over `tensor`)
-  or None (replicated). `width`:
-  the size of axis 2 of the "time" args; the tensor axis splits it only when it divides it."""
+  or None (replicated). `width`: the size of axis 2 of the "time" args; the tensor axis splits it
+  only when it divides it."""
   mesh = _training_mesh()
   B = next(a for a, kind in zip(args, kinds) if kind == "time").shape[0]
   batch, head = _row_head_axes(mesh, B, width)
