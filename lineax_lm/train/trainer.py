@@ -4,12 +4,11 @@ One jitted train step over a (data, fsdp, context, tensor) mesh, with parameters
 logical axes, the batch's rows split over (data, fsdp) and its time axis over context. Mixed
 precision: float32 master weights, activations in `model.dtype` (bf16 on accelerators). Gradient
 accumulation sums exact token-weighted gradients over micro-batches, so accumulating equals one big
-batch. A non-finite loss or gradient leaves the state
-unchanged, and the loop stops with a checkpoint of that last good state. SIGTERM / SIGINT save and
-exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG and data iterator)
-from the newest checkpoint that passes its checksums (damaged ones are set aside, see checkpoint).
-A rollback (`train.restore_step` before the latest step) sets the later steps aside and trains
-through them again.
+batch. A non-finite loss or gradient leaves the state unchanged, and the loop stops with a
+checkpoint of that last good state. SIGTERM / SIGINT save and exit cleanly; restarting with the same
+workdir resumes bit-for-bit (state, RNG and data iterator) from the newest checkpoint that passes
+its checksums (damaged ones are set aside, see checkpoint). A rollback (`train.restore_step` before
+the latest step) sets the later steps aside and trains through them again.
 """
 from __future__ import annotations
 
