@@ -1,10 +1,19 @@
 """The device mesh: its axes, the logical-axis sharding rules (a data table, as in MaxText), and
 how an op call is sharded over it.
 
-Mesh axes: ("data", "fsdp", "tensor"). Parameters carry logical axis names (nnx.with_partitioning
-metadata set by the layers); RULES maps each logical name to mesh axes. A dimension that the mesh
-axis does not divide, or a mesh axis already used by another dimension, stays replicated. Layers,
-the model and the training loop all read the mesh through this module.
+Mesh axes: ("data", "fsdp", "context", "tensor"). Parameters carry logical axis names
+(nnx.with_partitioning metadata set by the layers); RULES maps each logical name to mesh axes. A
+dimension that the mesh axis does not divide, or a mesh axis already used by another dimension, stays
+replicated. Layers, the model and the training loop all read the mesh through this module.
+
+Context parallelism: the batch's rows are split over (data, fsdp) and its time axis T into `context`
+contiguous equal slices, device i of the axis holding tokens [i T / c, (i + 1) T / c). Token-wise
+work (projections, norms, MLPs, the packing bookkeeping on global positions) needs no change: XLA
+partitions it. Three places see across slices, each inside a `jax.shard_map` built here: the linear
+ops (their `context_axis` argument carries the recurrent state across devices), the short
+convolutions (`previous_halo`: the last W - 1 inputs of the previous slice) and attention
+(`gather_sequence`: every slice's keys and values). A decode cache (generation) never splits T: one
+device holds a whole sequence.
 """
 from __future__ import annotations
 
@@ -13,10 +22,12 @@ import math
 import jax
 import numpy as np
 from flax import nnx
+from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 BATCH_AXES = ("data", "fsdp")
+CONTEXT_AXIS = "context"
 HEAD_AXIS = "tensor"
 
 # logical axis -> mesh axes, in order of preference.
@@ -33,8 +44,9 @@ RULES = {
 
 
 def make_mesh(cfg) -> jax.sharding.Mesh:
-  """cfg: the `mesh` section with sizes for data, fsdp, tensor; one of them may be -1 (the rest)."""
-  sizes = [int(cfg[a]) for a in MESH_AXES]
+  """cfg: the `mesh` section with sizes for data, fsdp, context, tensor; one of them may be -1 (the
+  rest). A section without `context` (configs written before it existed) means context 1."""
+  sizes = [int(cfg[a]) if a != CONTEXT_AXIS or a in cfg else 1 for a in MESH_AXES]
   for axis, size in zip(MESH_AXES, sizes):
     if size < 1 and size != -1:
       raise ValueError(f"config.mesh.{axis}={size}: must be an integer >= 1, or -1 (all remaining "
@@ -85,35 +97,127 @@ def state_shardings(state: nnx.State, mesh) -> nnx.State:
 
 
 def batch_sharding(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(BATCH_AXES))
+  """The batch's [B, T] arrays: rows over (data, fsdp), time over `context`."""
+  return NamedSharding(mesh, P(BATCH_AXES, CONTEXT_AXIS if CONTEXT_AXIS in mesh.axis_names else None))
 
 
 def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def _training_mesh():
+  """The current mesh when it has the training axes and more than one device, else None (also
+  inside a `jax.shard_map`, whose arrays are already each device's own)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if (mesh.empty or mesh.size == 1 or mesh.manual_axes
+      or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names)):
+    return None
+  return mesh
+
+
+def _row_head_axes(mesh, rows: int, width: int):
+  """Spec entries (batch, head) for arrays of `rows` rows and a head-split `width`: the mesh axes
+  that divide them, else None (replicated)."""
+  batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
+  batch = batch if batch and rows % math.prod(mesh.shape[a] for a in batch) == 0 else None
+  head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and width % mesh.shape[HEAD_AXIS] == 0 else None
+  return batch, head
+
+
+def context_axis(length: int) -> str | None:
+  """CONTEXT_AXIS when the current mesh splits sequences of `length` tokens over it (its size is
+  > 1 and divides `length`), else None."""
+  mesh = _training_mesh()
+  if mesh is None or CONTEXT_AXIS not in mesh.axis_names:
+    return None
+  size = mesh.shape[CONTEXT_AXIS]
+  return CONTEXT_AXIS if size > 1 and length % size == 0 else None
+
+
+def context_within_processes(mesh) -> bool:
+  """Whether the devices along `context` of every (data, fsdp, tensor) index belong to one process:
+  each process loads whole rows, so one row's slices must all be on its devices."""
+  if CONTEXT_AXIS not in mesh.axis_names:
+    return True
+  procs = np.vectorize(lambda d: d.process_index)(mesh.devices)
+  return bool((procs == np.take(procs, [0], axis=mesh.axis_names.index(CONTEXT_AXIS))).all())
+
+
+def context_map(fn, args: tuple, kinds: tuple, width: int):
+  """`fn(*local args)` on each device's slice of the sequence, inside `jax.shard_map` with T split
+  over `context` (call it only where `context_axis(T)` is not None); returns fn's output, one
+  [B, T, ...] array, its width at axis 2 split like the args'.
+
+  `kinds[i]` says how every array of args[i] (an array, a pytree of them or None) is split: "time"
+  ([B, T, ...]: rows over (data, fsdp), time over `context`, axis 2 (when there is one) over
+  `tensor`), "channels" ([..., width] per-channel or per-head weights: the last axis over `tensor`)
+  or None (replicated). `width`: the size of axis 2 of the "time" args; the tensor axis splits it
+  only when it divides it."""
+  mesh = _training_mesh()
+  B = next(a for a, kind in zip(args, kinds) if kind == "time").shape[0]
+  batch, head = _row_head_axes(mesh, B, width)
+
+  def spec(arg, kind):
+    if kind == "time":
+      return P(batch, CONTEXT_AXIS, head) if arg.ndim > 2 else P(batch, CONTEXT_AXIS)
+    if kind == "channels":
+      return P(*([None] * (arg.ndim - 1)), head)
+    return P()
+  in_specs = tuple(jax.tree_util.tree_map(lambda a, kind=kind: spec(a, kind), arg)
+                   for arg, kind in zip(args, kinds))
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(batch, CONTEXT_AXIS, head),
+                       check_vma=False)(*args)
+
+
+def slice_start(local_length: int):
+  """Inside `context_map`: the global index of this device's first token."""
+  return lax.axis_index(CONTEXT_AXIS) * local_length
+
+
+def previous_halo(x, rows: int):
+  """Inside `context_map`: the last `rows` entries along axis 1 of the previous device's slice of
+  x [B, T_local, ...] (one ppermute over `context`); zeros on the first device, whose slice starts
+  the sequence."""
+  if rows > x.shape[1]:
+    raise ValueError(f"a halo of {rows} tokens needs at least {rows} tokens per device; the "
+                     f"sequence is split into slices of {x.shape[1]}: lower config.mesh.context")
+  size = lax.axis_size(CONTEXT_AXIS)
+  # a device that no pair sends to (the first) receives zeros
+  return lax.ppermute(x[:, x.shape[1] - rows:], CONTEXT_AXIS, perm=[(i, i + 1) for i in range(size - 1)])
+
+
+def gather_sequence(x):
+  """Inside `context_map`: x [B, T_local, ...] of every device, concatenated along time in order
+  ([B, T, ...]: one all-gather over `context`; its gradient is a reduce-scatter)."""
+  return lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)
+
+
 def shard_op(call, args: tuple, state, arrays: dict, cu_seqlens):
-  """`call(args, state, arrays, cu_seqlens) -> (o, final state or None)` under the current mesh.
+  """`call(args, state, arrays, cu_seqlens, context_axis) -> (o, final state or None)` under the
+  current mesh.
 
   Pallas kernels do not partition: inside `jit` they see the global array. So under a mesh with
   the training axes the call runs inside `jax.shard_map` over the batch (data, fsdp) and head
   (tensor) axes, each device on its own rows and heads; axes that do not divide an array's size
-  stay replicated. `args` are time-major [B, L, H, ...] (HGRN: [B, L, D], D split like heads),
-  `state` leaves [B, H, ...], `arrays` per-head [H, ...], `cu_seqlens` per row [B, ...]. Without such a
-  mesh (or on one device) it is a plain call.
+  stay replicated. Without a state (training) the time axis is split over `context` too when it
+  divides T: `context_axis` is then "context", which the call passes to the op so that the
+  recurrent state flows from each slice to the next (cu_seqlens stay global offsets); otherwise None.
+  `args` are time-major [B, L, H, ...] (HGRN: [B, L, D], D split like heads), `state` leaves
+  [B, H, ...], `arrays` per-head [H, ...], `cu_seqlens` per row [B, ...]. Without such a mesh (or on
+  one device) it is a plain call.
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or not set(BATCH_AXES + (HEAD_AXIS,)) <= set(mesh.axis_names):
-    return call(args, state, arrays, cu_seqlens)
-  B = args[0].shape[0]
-  batch = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
-  shards = math.prod(mesh.shape[a] for a in batch)
-  batch = batch if batch and B % shards == 0 else None
+  mesh = _training_mesh()
+  if mesh is None:
+    return call(args, state, arrays, cu_seqlens, None)
   heads_dim = args[0].shape[2] if args[0].ndim >= 3 else args[0].shape[-1]
-  head = HEAD_AXIS if mesh.shape[HEAD_AXIS] > 1 and heads_dim % mesh.shape[HEAD_AXIS] == 0 else None
-  timed, per_seq = P(batch, None, head), P(batch, head)
+  batch, head = _row_head_axes(mesh, args[0].shape[0], heads_dim)
+  context = None if state is not None else context_axis(args[0].shape[1])
+  timed, per_seq = P(batch, context, head), P(batch, head)
   specs_in = (tuple(timed for _ in args), None if state is None else per_seq,
               {n: P(head) for n in arrays}, None if cu_seqlens is None else P(batch))
-  sharded = jax.shard_map(call, mesh=mesh, in_specs=specs_in,
+
+  def local(args, state, arrays, cu_seqlens):
+    return call(args, state, arrays, cu_seqlens, context)
+  sharded = jax.shard_map(local, mesh=mesh, in_specs=specs_in,
                           out_specs=(timed, None if state is None else per_seq), check_vma=False)
   return sharded(args, state, arrays, cu_seqlens)

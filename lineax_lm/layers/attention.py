@@ -1,6 +1,8 @@
 """Softmax attention exactly as HF Llama's: q/k/v/o projections without bias, GQA, RoPE (rotate-half
 layout, theta from the config), optional sliding window, `jax.nn.dot_product_attention`
-(`attn_impl`: None lets JAX choose, "xla", "cudnn"), and a KV cache for decode.
+(`attn_impl`: None lets JAX choose, "xla", "cudnn"), and a KV cache for decode. Under a mesh that
+splits the sequence over `context` (training), keys and values are gathered from every slice
+(`context_parallel_attention`).
 
 Cache of one layer: {"k": [B, S, Hkv, Dh], "v": [B, S, Hkv, Dh]} in the activation dtype, S = the
 maximum length; the model says where the new tokens go (`Context.cache_index`).
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from lineax_lm import sharding
 from lineax_lm.layers.base import ctx_or_default
 from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, rope,
                                      split_heads)
@@ -41,6 +44,29 @@ def attention_mask(q_pos, k_pos, window=None, q_ids=None, k_ids=None):
   if q_ids is not None:
     mask &= k_ids[:, None, :] == q_ids[:, :, None]
   return mask[:, None]
+
+
+def context_parallel_attention(q, k, v, ids=None, window=None, implementation=None):
+  """Causal attention of q [B, L, H, Dh] over k, v [B, L, Hkv, Dh] with L split over the mesh's
+  `context` axis: each device all-gathers every slice's keys and values (and segment ids `ids`
+  [B, L] of packed rows) and attends its own queries to the whole sequence, the causal and window
+  mask offset by its slice's start. RoPE is already applied (on global positions), so only the mask
+  needs the offset. Returns o [B, L, H, Dh], split like q.
+
+  All-gather rather than a ring: at 2-8 devices the gathered K/V are a few times one slice's
+  activations (GQA keeps them small), the gather is one collective XLA overlaps with the projections,
+  and attention stays one fused call with a mask. A ring passes K/V in c - 1 sequential steps, each
+  a partial softmax merged online, and pays off when the whole sequence's K/V would not fit or at
+  many more devices."""
+  def local(q, k, v, ids):
+    length = q.shape[1]
+    keys = sharding.gather_sequence(k)
+    q_index = sharding.slice_start(length) + jnp.arange(length)
+    k_ids = None if ids is None else sharding.gather_sequence(ids)
+    mask = attention_mask(q_index, jnp.arange(keys.shape[1]), window, ids, k_ids)
+    return jax.nn.dot_product_attention(q, keys, sharding.gather_sequence(v), mask=mask,
+                                        implementation=implementation)
+  return sharding.context_map(local, (q, k, v, ids), ("time",) * 4, k.shape[2])
 
 
 class Attention(nnx.Module):
@@ -80,6 +106,9 @@ class Attention(nnx.Module):
       k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
       mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
       o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
+    elif sharding.context_axis(L):
+      ids = None if ctx.packing is None else ctx.packing.reset_ids
+      o = context_parallel_attention(q, k, v, ids, cfg.window, cfg.attn_impl)
     elif ctx.packing is not None or cfg.window is not None:
       ids = None if ctx.packing is None else ctx.packing.reset_ids
       t = jnp.arange(L)

@@ -212,7 +212,26 @@ class ShortConv(nnx.Module):
         y = jax.nn.silu(y)
       return y.astype(x.dtype), new_state
     bias = None if self.bias is None else self.bias[...]
+    if state is None and self.width > 1 and sharding.context_axis(x.shape[1]):
+      return context_parallel_conv(self, x, reset_ids), x[:, x.shape[1] - (self.width - 1):]
     return recomputed(conv)(x, self.weight[...], bias, state)
+
+
+def context_parallel_conv(conv: ShortConv, x, reset_ids):
+  """`conv`'s training output y [B, L, C] (no state) with T split over the mesh's `context` axis:
+  each device receives the previous slice's last W - 1 inputs and their segment ids (a halo, one
+  ppermute each; zeros on the first device, whose zero inputs add nothing), runs the layer's own
+  convolution on halo + slice and keeps its slice's outputs, so a tap crosses devices exactly where
+  it crosses positions and stops at the same sequence starts."""
+  halo_rows = conv.width - 1
+  graphdef, params = nnx.split(conv)
+
+  def local(x, params, reset_ids):
+    x = jnp.concatenate([sharding.previous_halo(x, halo_rows), x], axis=1)
+    if reset_ids is not None:
+      reset_ids = jnp.concatenate([sharding.previous_halo(reset_ids, halo_rows), reset_ids], axis=1)
+    return nnx.merge(graphdef, params)(x, None, reset_ids)[0][:, halo_rows:]
+  return sharding.context_map(local, (x, params, reset_ids), ("time", "channels", "time"), x.shape[-1])
 
 
 # ----------------------------------------------------------------------------- gate initialisers
@@ -281,7 +300,9 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   into one row would make the sequential pass over chunks B times longer. Array keyword arguments
   are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
 
-  Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`).
+  Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`);
+  when that mesh splits T over `context` (training only), the chunk op gets `context_axis` and
+  each row's global cu_seqlens.
   """
   if packing is not None and state is not None:
     raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
@@ -289,12 +310,15 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   arrays = {n: v for n, v in kwargs.items() if isinstance(v, jax.Array)}
   static = {n: v for n, v in kwargs.items() if n not in arrays}
 
-  def call(args, state, arrays, cu_seqlens):
+  def call(args, state, arrays, cu_seqlens, context_axis=None):
+    # context_axis: each device holds one slice of T; the op passes the state between slices
+    split = {} if context_axis is None else {"context_axis": context_axis}
     if cu_seqlens is None:
-      return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static)
+      return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static,
+                **split)
 
     def row(row_args, row_cu):
-      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static)
+      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static, **split)
       return o[0]
     return jax.vmap(row)(args, cu_seqlens), None
 

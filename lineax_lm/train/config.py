@@ -31,5 +31,7 @@ def base_config() -> ml_collections.ConfigDict:
       # <workdir>/profile, summarised in the log and in profile/summary.md (device time per step)
       profile_steps=0, profile_start=10))
   c.eval = ml_collections.ConfigDict(dict(every=500, steps=4, seed=10_000))
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1: all remaining devices
+  # -1: all remaining devices. context > 1 splits every sequence into that many contiguous slices,
+  # one per device (context parallelism: data.seq_len must be a multiple of it).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1, tensor=1))
   return c

@@ -10,7 +10,8 @@ whole batch plus ~5 full passes over the logits.
 Chunks run along time on every row at once: the batch axis stays whole inside each chunk, so the
 (data, fsdp) sharding of the rows and the `tensor` sharding of the head's vocab axis pass through
 unchanged (the log-sum-exp, the argmax and the target pick reduce over the sharded vocab axis; XLA
-adds the cross-device reductions).
+adds the cross-device reductions). With T split over the `context` axis, each device's slice of a row
+is a row of its own (the loss is a sum over tokens), so the chunks stay local too.
 """
 from __future__ import annotations
 
@@ -43,7 +44,12 @@ def chunked_cross_entropy(x, head, targets, mask, chunk_tokens: int):
   loss weights. Returns float32 scalars (sum of ce * mask, sum of [argmax == target] * mask); only
   the first is differentiated. NaN in x (a packed-row overflow) makes the loss NaN."""
   B, L, _ = x.shape
-  size = chunk_length(B, L, chunk_tokens)
+  axis = sharding.context_axis(L)
+  slices = 1 if axis is None else jax.sharding.get_abstract_mesh().shape[axis]
+  size = chunk_length(B, L // slices, chunk_tokens)
+  if slices > 1:  # T split over `context`: each device's slice becomes rows of its own, so the
+    # chunks run over local positions (chunks of the global T would gather x onto every device)
+    x, targets, mask = (a.reshape(B * slices, L // slices, *a.shape[2:]) for a in (x, targets, mask))
   return _cross_entropy(x, head, targets.astype(jnp.int32), mask.astype(F32), size)
 
 

@@ -1,14 +1,14 @@
 """The training loop: `train_and_evaluate(config, workdir)`.
 
-One jitted train step over a (data, fsdp, tensor) mesh, with parameters sharded by their logical axes
-and the batch split over (data, fsdp). Mixed precision: float32 master weights, activations in
-`model.dtype` (bf16 on accelerators). Gradient accumulation sums exact token-weighted gradients over
-micro-batches, so accumulating equals one big batch. A non-finite loss or gradient leaves the state
-unchanged, and the loop stops with a checkpoint of that last good state. SIGTERM / SIGINT save and
-exit cleanly; restarting with the same workdir resumes bit-for-bit (state, RNG and data iterator)
-from the newest checkpoint that passes its checksums (damaged ones are set aside, see checkpoint).
-A rollback (`train.restore_step` before the latest step) sets the later steps aside and trains
-through them again.
+One jitted train step over a (data, fsdp, context, tensor) mesh, with parameters sharded by their
+logical axes, the batch's rows split over (data, fsdp) and its time axis over context. Mixed
+precision: float32 master weights, activations in `model.dtype` (bf16 on accelerators). Gradient
+accumulation sums exact token-weighted gradients over micro-batches, so accumulating equals one big
+batch. A non-finite loss or gradient leaves the state unchanged, and the loop stops with a
+checkpoint of that last good state. SIGTERM / SIGINT save and exit cleanly; restarting with the same
+workdir resumes bit-for-bit (state, RNG and data iterator) from the newest checkpoint that passes
+its checksums (damaged ones are set aside, see checkpoint). A rollback (`train.restore_step` before
+the latest step) sets the later steps aside and trains through them again.
 """
 from __future__ import annotations
 
@@ -68,6 +68,13 @@ def validate_config(config, mesh) -> ModelConfig:
   if (batch // accum) % shards:
     raise ValueError(f"config.data.global_batch_size / config.train.grad_accum = {batch // accum} is not "
                      f"divisible by the mesh's batch axes data*fsdp ({shards})")
+  context = mesh.shape.get(sharding.CONTEXT_AXIS, 1)
+  if config.data.seq_len % context:
+    raise ValueError(f"config.data.seq_len={config.data.seq_len} is not divisible by the mesh's "
+                     f"context axis ({context}): each device holds seq_len / context tokens of a row")
+  if not sharding.context_within_processes(mesh):
+    raise ValueError(f"config.mesh.context={context} spans devices of several processes; each "
+                     "process loads whole rows, so keep context * tensor within one host's devices")
   return model_cfg
 
 

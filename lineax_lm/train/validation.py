@@ -127,6 +127,7 @@ RULES: tuple[tuple[str, Range], ...] = (
     ("eval.seed", count(0)),
     ("mesh.data", AXIS),
     ("mesh.fsdp", AXIS),
+    ("mesh.context", AXIS),
     ("mesh.tensor", AXIS),
 )
 

@@ -58,7 +58,7 @@ def _sums_and_grads(mesh_shape, loss_chunk, kind, **model):
   config.train.loss_chunk = loss_chunk
   devices = jax.devices()[:int(np.prod(mesh_shape))]
   mesh = Mesh(np.array(devices).reshape(mesh_shape), sharding.MESH_AXES,
-              axis_types=(jax.sharding.AxisType.Auto,) * 3)
+              axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES))
   trainer = Trainer(config, validate_config(config, mesh), mesh)
   batch = _batch(config.data.global_batch_size, config.data.seq_len, config.model.vocab_size, kind)
   with jax.set_mesh(mesh):
@@ -78,7 +78,7 @@ def _assert_same_grads(grads_f, grads):
 
 @pytest.mark.slow  # two train-step compiles per case
 @pytest.mark.parametrize("kind", ["packed", "masked"])
-@pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (4, 1, 2)], ids=["1dev", "data4_tensor2"])
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 1), (4, 1, 1, 2)], ids=["1dev", "data4_tensor2"])
 def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
   # Per device 8 / 4 = 2 rows (or 8 on one device) of 32 positions; chunks of 5 positions: the
   # last chunk overlaps the one before it.
@@ -91,12 +91,12 @@ def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
 
 
 def test_fused_loss_tied_embeddings():
-  grads, loss, *_ = _sums_and_grads((1, 1, 1), 0, "plain", tie_embeddings=True)
-  grads_f, loss_f, *_ = _sums_and_grads((1, 1, 1), 24, "plain", tie_embeddings=True)
+  grads, loss, *_ = _sums_and_grads((1, 1, 1, 1), 0, "plain", tie_embeddings=True)
+  grads_f, loss_f, *_ = _sums_and_grads((1, 1, 1, 1), 24, "plain", tie_embeddings=True)
   np.testing.assert_allclose(loss_f, loss, rtol=1e-5)
   _assert_same_grads(grads_f, grads)
 
 
 def test_packed_row_overflow_makes_the_fused_loss_nan():
-  _, loss, *_ = _sums_and_grads((1, 1, 1), 16, "overflow", max_segments=2)
+  _, loss, *_ = _sums_and_grads((1, 1, 1, 1), 16, "overflow", max_segments=2)
   assert np.isnan(loss)

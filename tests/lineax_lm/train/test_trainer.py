@@ -48,9 +48,9 @@ def test_sharded_step_equals_single_device_step():
   model_cfg = validate_config(config, sharding.make_mesh(config.mesh))
   batch = next(make_dataset(config.data, seed=0, process_index=0, process_count=1))
   results = []
-  for devices, shape in ((jax.devices()[:1], (1, 1, 1)), (jax.devices(), (2, 2, 2))):
+  for devices, shape in ((jax.devices()[:1], (1, 1, 1, 1)), (jax.devices(), (2, 2, 1, 2))):
     mesh = Mesh(np.array(devices).reshape(shape), sharding.MESH_AXES,
-                axis_types=(jax.sharding.AxisType.Auto,) * 3)
+                axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES))
     trainer = Trainer(config, model_cfg, mesh)
     with jax.set_mesh(mesh):
       state = trainer.init()
