@@ -95,3 +95,32 @@ class Staged:
     self.sync(force=True)
     if self.remote:
       shutil.rmtree(self.local, ignore_errors=True)
+
+
+def open_file(path, mode: str = "rb"):
+  """The builtin `open` for a local file, epath's (object stores) for a URI."""
+  return as_path(path).open(mode) if is_remote(path) else open(path, mode)
+
+
+def is_file(path) -> bool:
+  return as_path(path).is_file() if is_remote(path) else os.path.isfile(path)
+
+
+def size(path) -> int:
+  return as_path(path).stat().length if is_remote(path) else os.path.getsize(path)
+
+
+def glob_files(pattern: str) -> list[str]:
+  """The files `pattern` matches, sorted ("**" recursive); a URI's pattern goes through epath."""
+  if not is_remote(pattern):
+    import glob
+    return sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+  scheme, rest = pattern.split("://", 1)
+  parts = rest.split("/")
+  fixed = next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))
+  base = epath.Path(f"{scheme}://" + "/".join(parts[:fixed]))
+  return sorted(os.fspath(m) for m in base.glob("/".join(parts[fixed:])) if m.is_file())
+
+
+def has_magic(pattern: str) -> bool:
+  return any(c in os.fspath(pattern) for c in "*?[")

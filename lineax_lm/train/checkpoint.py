@@ -254,9 +254,12 @@ def _file_digests(step_dir: epath.Path) -> dict[str, list]:
   """{relative path: [size, sha256 hex]} of every file under `step_dir` but the checksums (through
   epath: local disk or an object store)."""
   out = {}
-  for path in sorted(step_dir.rglob("*")):
-    rel = os.fspath(path.relative_to(step_dir))
-    if rel != CHECKSUMS and path.is_file():
+  for root, _, files in step_dir.walk():
+    for name in files:
+      path = epath.Path(root) / name
+      rel = os.fspath(path.relative_to(step_dir))
+      if rel == CHECKSUMS:
+        continue
       digest, size = hashlib.sha256(), 0
       with path.open("rb") as f:
         while block := f.read(1 << 20):
