@@ -1,6 +1,7 @@
 """The quickstart: small models on MQAR (multi-query associative recall), one per variant.
 
     python -m lineax_lm.train --config configs/quickstart.py:gdn --workdir runs/demo/gdn
+    python -m lineax_lm.train --config quickstart.py:gdn --workdir runs/demo/gdn   (from a wheel)
     make demo     # all four variants, then a recall table (python -m lineax_lm.demo)
 
 Variants: gdn (2 Gated DeltaNet layers), linear (2 linear-attention layers), hybrid (3 Gated

@@ -31,7 +31,7 @@ def test_train_checkpoint_resume_and_load_on_gcs(tmp_path, monkeypatch):
   data.mkdir(parents=True)
   (data / "a.txt").write_text("the cat sat on the mat\n" * 20)
   (data / "b.txt").write_text("a dog ran in the park\n" * 20)
-  config = tiny_config(steps=2, vocab_size=259)
+  config = tiny_config(steps=2, vocab_size=259, num_layers=1, attn_ratio="pure")  # one block kind
   config.data.update(dict(source="text", paths="gs://b/data/*.txt", text_unit="line", seq_len=16,
                           global_batch_size=8))
   config.eval.steps = 0
