@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from lineax_lm import storage
+from lineax_lm.extras import require
 from lineax_lm.data.tokenizer import Tokenizer
 
 
@@ -203,7 +204,8 @@ def tfds_text_source(name: str, *, split: str = "train", data_dir: str | None = 
   """A prepared TFDS dataset's `text_field` as a random-access source of str (no download)."""
   if not name:
     raise ValueError("`tfds_name` is empty: name the TFDS dataset to read (e.g. 'lm1b')")
-  import tensorflow_datasets as tfds  # lazy: ~1 s to import, and only this source needs it
+  # lazy: ~1 s to import, and only this source needs it
+  tfds = require("tensorflow_datasets", "data.source='tfds'")
 
   where = data_dir or "~/tensorflow_datasets (or $TFDS_DATA_DIR)"
   how = (f"Prepare it once, in a random-access format, where `tfds_data_dir` points:\n"
