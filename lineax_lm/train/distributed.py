@@ -27,8 +27,8 @@ from typing import Callable, Mapping
 log = logging.getLogger("lineax_lm")
 
 JAX_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-TPU_VARS = ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_SKIP_MDS_QUERY",
-            "MEGASCALE_COORDINATOR_ADDRESS")
+# What GKE and multislice set on TPU hosts. Not TPU_SKIP_MDS_QUERY: importing jax sets it anywhere.
+TPU_VARS = ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "MEGASCALE_COORDINATOR_ADDRESS")
 STOP_SIGNALS = (None, "SIGINT", "SIGTERM")  # agree_on_stop's order: the strongest request wins
 
 

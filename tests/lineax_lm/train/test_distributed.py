@@ -15,6 +15,7 @@ def test_single_process_environments_need_no_cluster():
   assert detect({}) is None
   assert detect({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"}) is None    # one task: nothing to join
   assert detect({"TPU_WORKER_HOSTNAMES": "10.0.0.2", "TPU_WORKER_ID": "0"}) is None  # one host
+  assert detect({"TPU_SKIP_MDS_QUERY": "1"}) is None  # what `import jax` sets on any machine
 
 
 def test_explicit_variables():
