@@ -71,13 +71,21 @@ def _generate(graphdef, state, prompt, rng, *, max_new_tokens, temperature, top_
   return jnp.concatenate([prompt, out], axis=1)
 
 
-def _check_sampling(model, temperature, top_k, top_p):
+def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng):
+  """Validates the sampling arguments shared by generate and generate_ragged; returns the rng."""
+  if max_new_tokens < 1:
+    raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
   if temperature < 0:
     raise ValueError(f"`temperature` must be >= 0; got {temperature}")
   if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
     raise ValueError(f"`top_k` must be in 1..vocab_size; got {top_k}")
   if top_p is not None and not 0 < top_p <= 1:
     raise ValueError(f"`top_p` must be in (0, 1]; got {top_p}")
+  if rng is None:
+    if temperature != 0:
+      raise ValueError("sampling with temperature > 0 needs `rng` (a jax.random key)")
+    rng = jax.random.key(0)
+  return rng
 
 
 def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0,
@@ -95,13 +103,7 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0
   prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
   if prompt_ids.ndim != 2 or prompt_ids.shape[1] < 1:
     raise ValueError(f"`prompt_ids` must be [B, P] with P >= 1; got shape {prompt_ids.shape}")
-  if max_new_tokens < 1:
-    raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
-  _check_sampling(model, temperature, top_k, top_p)
-  if rng is None:
-    if temperature != 0:
-      raise ValueError("sampling with temperature > 0 needs `rng` (a jax.random key)")
-    rng = jax.random.key(0)
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
   graphdef, state = nnx.split(model)
   return _generate(graphdef, state, prompt_ids, rng, max_new_tokens=int(max_new_tokens),
                    temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
@@ -175,13 +177,7 @@ def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float =
   if not prompts or any(len(p) < 1 for p in prompts):
     raise ValueError("`prompts` must be a non-empty list of token id sequences, each of length >= 1; "
                      f"got lengths {[len(p) for p in prompts]}")
-  if max_new_tokens < 1:
-    raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
-  _check_sampling(model, temperature, top_k, top_p)
-  if rng is None:
-    if temperature != 0:
-      raise ValueError("sampling with temperature > 0 needs `rng` (a jax.random key)")
-    rng = jax.random.key(0)
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
   lengths = np.array([len(p) for p in prompts], np.int32)
   width = length_bucket(int(lengths.max())) + int(max_new_tokens)
   tokens = np.full((len(prompts), width), pad_id, np.int32)
