@@ -5,7 +5,8 @@ Registration: importing this module registers the class with lm-eval's registry
 does not read the `lm_eval.models` entry point the pyproject also declares, so run lm-eval's command
 line through this module, which imports it first:
     python -m lineax_lm.eval.lm_eval_adapter run --model lineax --model_args workdir=DIR --tasks lambada_openai
-(`run` is the subcommand of lm-eval >= 0.4.10's CLI; older releases take the flags without it), or
+(`run` is the subcommand of lm-eval 0.4.13's CLI, checked end to end with a local task; releases
+whose CLI has no subcommands take the flags without it), or
 from Python: `import lineax_lm.eval.lm_eval_adapter; lm_eval.simple_evaluate(model="lineax", ...)`.
 
 model_args: workdir (required), step (default: latest), tokenizer ("byte" or a tokenizer.json;
