@@ -1,4 +1,4 @@
-"""lm-evaluation-harness adapter: `lm_eval --model lineax --model_args workdir=DIR --tasks ...`.
+"""lm-evaluation-harness adapter: `--model lineax --model_args workdir=DIR --tasks ...` (see Registration).
 
 Registration: importing this module registers the class with lm-eval's registry
 (`lm_eval.api.registry.register_model("lineax")`, after lm-eval's own models are in it). lm-eval 0.4.x
