@@ -47,7 +47,7 @@ for pair in grain:grain array_record:array_record cloudpickle:cloudpickle portpi
             tokenizers:tokenizers safetensors:safetensors; do
   module=${pair%%:*}; wheel=${pair##*:}
   python3 -c "import $module" 2>/dev/null && continue
-  found=$(ls .whl/${wheel}-*.whl 2>/dev/null | head -n 1)
+  found=$(find .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
   if [ -z "$found" ]; then echo "missing module $module and no .whl/${wheel}-*.whl"; exit 2; fi
   missing+=("$found")
 done
@@ -88,7 +88,7 @@ grep -E "^\||\(this invocation\)|Interrupted|Error" "$WORKDIR/compare.log" | tai
 grep -qE "^\|" "$WORKDIR/compare.log" || tail -n 30 "$WORKDIR/compare.log"
 [ "$rc" -ne 0 ] && echo "not finished (rc=$rc): rerun the same command to resume"
 if [ -n "${OUT:-}" ]; then  # one archive: the results and every stage's metrics.jsonl
-  (cd "$WORKDIR" && tar czf "$OUT/distill_results.tgz" compare.json */eval.json data/teacher_eval.json \
-    */[0-9]_*/metrics.jsonl 2>/dev/null)
+  (cd "$WORKDIR" && tar czf "$OUT/distill_results.tgz" compare.json ./*/eval.json data/teacher_eval.json \
+    ./*/[0-9]_*/metrics.jsonl 2>/dev/null)
 fi
-exit $rc
+exit "$rc"

@@ -2,7 +2,7 @@
 
     python -m lineax_lm.demo --workdir runs/demo [--variants gdn,linear,hybrid,transformer]
 
-Each variant of configs/quickstart.py trains with lineax_lm.train in its own subfolder of the
+Each variant of the quickstart config (lineax_lm/configs/quickstart.py) trains with lineax_lm.train in its own subfolder of the
 workdir (checkpoints, TensorBoard events, metrics.jsonl; rerunning resumes or skips finished runs),
 then the table of held-out MQAR accuracy is printed and written to <workdir>/results.md with a bar
 chart in <workdir>/recall.png. On 2 CPU cores the four take several minutes; a GPU or TPU is used
@@ -11,27 +11,23 @@ when present.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import time
 
 import jax
 
+from lineax_lm.extras import available
 from lineax_lm.models.hybrid import ModelConfig
 from lineax_lm.train.trainer import train_and_evaluate
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      "quickstart.py")
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
          "transformer": "Transformer"}
 
 
 def load_quickstart():
-  spec = importlib.util.spec_from_file_location("quickstart_config", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from lineax_lm.configs import quickstart
+  return quickstart
 
 
 def write_report(rows, workdir):
@@ -43,6 +39,9 @@ def write_report(rows, workdir):
   table = "\n".join(lines)
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(f"# Quickstart: MQAR recall (held-out examples)\n\n{table}\n")
+  if not available("matplotlib"):
+    print("(no recall.png: plotting needs matplotlib, pip install 'lineax-lm[plot]')")
+    return table
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

@@ -1,8 +1,8 @@
 """Text sources (grain random-access data sources of documents as `str`) and tokenization.
 
-- `TextFileSource(paths, unit="file" | "line")`: local text files; a document is a whole file or one
+- `TextFileSource(paths, unit="file" | "line")`: text files (local or gs://..., through etils.epath); a document is a whole file or one
   non-empty line.
-- `JsonlSource(paths, text_field="text")`: local JSON-lines files; a document is the `text_field` of
+- `JsonlSource(paths, text_field="text")`: JSON-lines files (local or gs://...); a document is the `text_field` of
   one line's object.
 - `tfds_text_source(name, split=..., data_dir=..., text_field=...)`: a TFDS dataset already prepared
   in a random-access format (array_record) on local disk, read through `tfds.data_source`; never
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import bisect
 import codecs
-import glob
 import json
 import os
 from typing import Sequence
 
 import numpy as np
 
+from lineax_lm import storage
+from lineax_lm.extras import require
 from lineax_lm.data.tokenizer import Tokenizer
 
 
@@ -38,9 +39,12 @@ def resolve_paths(paths: str | Sequence[str]) -> list[str]:
     raise ValueError("`paths` is empty: give the text / jsonl files (or glob patterns) to read")
   files: list[str] = []
   for pattern in paths:
-    pattern = os.path.expanduser(os.fspath(pattern))
-    matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-    matches = [m for m in matches if os.path.isfile(m)]
+    pattern = os.fspath(pattern)
+    pattern = pattern if storage.is_remote(pattern) else os.path.expanduser(pattern)
+    if storage.has_magic(pattern):
+      matches = storage.glob_files(pattern)
+    else:
+      matches = [pattern] if storage.is_file(pattern) else []
     if not matches:
       raise FileNotFoundError(f"`paths`: {pattern!r} matches no file")
     files.extend(m for m in matches if m not in files)
@@ -65,7 +69,7 @@ def _decode(data: bytes, path: str, first_line: int, offset: int) -> str:
 def _line_offsets(path: str) -> np.ndarray:
   """Byte offsets of the non-blank lines of a file, [n] int64 (every line checked as UTF-8)."""
   offsets, pos = [], 0
-  with open(path, "rb") as f:
+  with storage.open_file(path, "rb") as f:
     for line_no, line in enumerate(f, 1):
       _decode(line, path, line_no, pos)
       if line.strip():
@@ -76,10 +80,10 @@ def _line_offsets(path: str) -> np.ndarray:
 
 def _check_text_file(path: str, block: int = 1 << 20) -> None:
   """ValueError unless `path` holds some bytes, all of them UTF-8 (read in blocks of `block`)."""
-  if os.path.getsize(path) == 0:
+  if storage.size(path) == 0:
     raise ValueError(f"{path}: the file is empty; a document needs text (remove it from `paths`)")
   decoder, line_no, pos = codecs.getincrementaldecoder("utf-8")(), 1, 0
-  with open(path, "rb") as f:
+  with storage.open_file(path, "rb") as f:
     while True:
       data = f.read(block)
       try:
@@ -94,7 +98,7 @@ def _check_text_file(path: str, block: int = 1 << 20) -> None:
 
 
 def _read_line(path: str, offset: int) -> str:
-  with open(path, "rb") as f:
+  with storage.open_file(path, "rb") as f:
     f.seek(offset)
     return f.readline().decode("utf-8")
 
@@ -142,8 +146,8 @@ class TextFileSource(_LinesSource):
   def __getitem__(self, index: int) -> str:
     if self.unit == "line":
       return self._line(index)[2].rstrip("\r\n")
-    with open(self.files[index], encoding="utf-8", newline="") as f:
-      return f.read()
+    with storage.open_file(self.files[index], "rb") as f:  # no newline translation
+      return f.read().decode("utf-8")
 
   def __repr__(self) -> str:
     return f"TextFileSource({len(self.files)} files, unit={self.unit!r}, {len(self)} documents)"
@@ -200,7 +204,8 @@ def tfds_text_source(name: str, *, split: str = "train", data_dir: str | None = 
   """A prepared TFDS dataset's `text_field` as a random-access source of str (no download)."""
   if not name:
     raise ValueError("`tfds_name` is empty: name the TFDS dataset to read (e.g. 'lm1b')")
-  import tensorflow_datasets as tfds  # lazy: ~1 s to import, and only this source needs it
+  # lazy: ~1 s to import, and only this source needs it
+  tfds = require("tensorflow_datasets", "data.source='tfds'")
 
   where = data_dir or "~/tensorflow_datasets (or $TFDS_DATA_DIR)"
   how = (f"Prepare it once, in a random-access format, where `tfds_data_dir` points:\n"

@@ -30,8 +30,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import gguf
 import numpy as np
+
+from lineax_lm.extras import require
+
+gguf = require("gguf", "reading GGUF teacher checkpoints")
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",

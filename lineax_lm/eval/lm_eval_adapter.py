@@ -1,38 +1,45 @@
-"""lm-evaluation-harness adapter: `lm_eval --model lineax --model_args workdir=DIR --tasks ...`.
+"""lm-evaluation-harness adapter: `--model lineax --model_args workdir=DIR --tasks ...` (see Registration).
 
-Registration: the pyproject declares the entry point
-    [project.entry-points."lm_eval.models"]  lineax = "lineax_lm.eval.lm_eval_adapter:LineaxLM"
-which lm-eval releases with plugin discovery resolve lazily on `--model lineax`; importing this
-module also registers the class with `lm_eval.api.registry.register_model("lineax")`. With an
-lm-eval that predates entry-point discovery, run its CLI through this module, which registers the
-model first:
-    python -m lineax_lm.eval.lm_eval_adapter --model lineax --model_args workdir=DIR --tasks lambada_openai
+Registration: importing this module registers the class with lm-eval's registry
+(`lm_eval.api.registry.register_model("lineax")`, after lm-eval's own models are in it). lm-eval 0.4.x
+does not read the `lm_eval.models` entry point the pyproject also declares, so run lm-eval's command
+line through this module, which imports it first:
+    python -m lineax_lm.eval.lm_eval_adapter run --model lineax --model_args workdir=DIR --tasks lambada_openai
+(`run` is the subcommand of lm-eval 0.4.13's CLI, checked end to end with a local task; releases
+whose CLI has no subcommands take the flags without it), or
+from Python: `import lineax_lm.eval.lm_eval_adapter; lm_eval.simple_evaluate(model="lineax", ...)`.
 
 model_args: workdir (required), step (default: latest), tokenizer ("byte" or a tokenizer.json;
 default: the run's data tokenizer), max_length (default: the run's data.seq_len), batch_size,
-max_gen_toks (default 256). lm-eval is an optional extra (`pip install lineax-lm[eval]`); without it
+max_gen_toks (default 256). `workdir` may also be a `save_pretrained` folder. lm-eval is an optional extra (`pip install lineax-lm[eval]`); without it
 the class still works on any objects carrying `.args` (the tests use that), with `object` as base.
 
 Requests (lm-eval's `Instance.args`):
   loglikelihood          (context, continuation) -> (log p(continuation | context), is greedy)
   loglikelihood_rolling  (text,) -> log p(text | bos), rolling windows of max_length tokens
   generate_until         (context, {"until": [...], "max_gen_toks": n, ...}) -> greedy text, cut at
-                         the first stop string (sampling arguments are ignored: greedy only)
+                         the first stop string (sampling arguments are ignored: greedy only);
+                         prompts of any lengths batch together (models.generate.generate_ragged),
+                         with a progress bar (tqdm.auto) unless lm-eval passes disable_tqdm
 """
 from __future__ import annotations
 
 import runpy
 from collections import defaultdict
 
-import numpy as np
-
-from lineax_lm.eval.scoring import Scorer, cut_at_stop, greedy_generate, loglikelihood_rolling, score_pairs
+from lineax_lm.eval.scoring import Scorer, cut_at_stop, loglikelihood_rolling, score_pairs
+from lineax_lm.models.pretrained import generate_batches
 
 try:
   from lm_eval.api.model import LM as _Base
   from lm_eval.api.registry import register_model as _register
 except ImportError:  # lm-eval is an optional extra
   _Base, _register = object, None
+else:
+  try:  # lm-eval fills its registry with its own models only while the registry is empty
+    import lm_eval.models  # noqa: F401
+  except ImportError:  # a model module of lm-eval that needs what is not installed
+    pass
 
 
 class LineaxLM(_Base):
@@ -46,10 +53,12 @@ class LineaxLM(_Base):
     if model is None:
       if workdir is None:
         raise ValueError("LineaxLM needs `workdir` (a training run directory) or `model`")
-      from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
-      model, config, _ = load_checkpoint(workdir, None if step in (None, "", "latest") else int(step))
-      max_length = max_length or config.data.seq_len
-      tokenizer = tokenizer or data_tokenizer(config)
+      from lineax_lm.models.pretrained import load
+      loaded = load(workdir, None if step in (None, "", "latest") else int(step))
+      model = loaded.model
+      if loaded.config is not None:
+        max_length = max_length or loaded.config.data.seq_len
+      tokenizer = tokenizer or loaded.tokenizer
     if isinstance(tokenizer, str):
       from lineax_lm.data.tokenizer import load_tokenizer
       tokenizer = load_tokenizer(tokenizer)
@@ -136,7 +145,8 @@ class LineaxLM(_Base):
     return out
 
   def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-    """Greedy generation; requests with equal prompt length and budget run as one batch."""
+    """Greedy generation, `batch_size` prompts at a time whatever their lengths (sorted by length,
+    one compiled program per length bucket and budget)."""
     jobs = defaultdict(list)
     for i, req in enumerate(requests):
       context, kwargs = req.args
@@ -145,19 +155,17 @@ class LineaxLM(_Base):
       until = [until] if isinstance(until, str) else list(until)
       new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
       ids = self.tok_encode(context)[-max(1, self.max_length - new):] or [self.prefix_token_id]
-      jobs[(len(ids), new)].append((i, ids, until))
+      jobs[new].append((i, ids, until))
     out: list = [None] * len(requests)
-    for (_, new), group in jobs.items():
-      for s in range(0, len(group), self.batch_size):
-        part = group[s:s + self.batch_size]
-        gen = greedy_generate(self.model, np.stack([ids for _, ids, _ in part]), new,
-                              eos_id=self.eot_token_id)
-        for (i, _, until), g in zip(part, gen):
-          toks = g.tolist()
-          if self.eot_token_id in toks:
-            toks = toks[:toks.index(self.eot_token_id)]
-          out[i] = cut_at_stop(self.tokenizer.decode(toks), until)
-          self._hook("generate_until", requests[i].args, out[i])
+    for new, group in jobs.items():
+      generated = generate_batches(self.model, [ids for _, ids, _ in group], new,
+                                   batch_size=self.batch_size, progress=not disable_tqdm,
+                                   temperature=0.0, eos_id=self.eot_token_id)
+      for (i, _, until), toks in zip(group, generated):
+        if self.eot_token_id in toks:
+          toks = toks[:toks.index(self.eot_token_id)]
+        out[i] = cut_at_stop(self.tokenizer.decode(toks), until)
+        self._hook("generate_until", requests[i].args, out[i])
     return out
 
 

@@ -7,11 +7,8 @@ parameters (`lineax_lm.train.checkpoint`), on a one-axis data mesh of the local 
 from __future__ import annotations
 
 import ml_collections
-from flax import nnx
-
-from lineax_lm import sharding
 from lineax_lm.data.pipeline import make_tokenizer
-from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.models.hybrid import HybridLM
 from lineax_lm.train import checkpoint
 
 
@@ -21,20 +18,11 @@ def load_config(workdir: str, step: int | None = None) -> ml_collections.ConfigD
 
 
 def load_checkpoint(workdir: str, step: int | None = None) -> tuple[HybridLM, ml_collections.ConfigDict, int]:
-  """(model with the trained parameters, training config, restored step)."""
-  from lineax_lm.train.trainer import Trainer  # the trainer's state layout is the checkpoint's
-  config = load_config(workdir, step)
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # any device count
-  model_cfg = ModelConfig.from_config(config.model)
-  mesh = sharding.make_mesh(config.mesh)
-  trainer = Trainer(config, model_cfg, mesh)
-  mngr = checkpoint.manager(workdir, async_save=False)
-  try:
-    state, step = checkpoint.restore(mngr, trainer.abstract_state(), step=step)
-  finally:
-    mngr.close()
-  model = nnx.merge(trainer.graphdef, state["params"])
-  return model, config, int(step)
+  """(model with the trained parameters, training config, restored step); only the parameters are
+  read (lineax_lm.models.pretrained.load_run)."""
+  from lineax_lm.models.pretrained import load_run
+  loaded = load_run(workdir, step)
+  return loaded.model, loaded.config, loaded.step
 
 
 def data_tokenizer(config):

@@ -7,6 +7,8 @@ import math
 import os
 from typing import Sequence
 
+from lineax_lm.extras import require
+
 
 def _fmt(value, fmt: str | None = None) -> str:
   if value is None:
@@ -75,7 +77,7 @@ def write_rows(rows: Sequence[dict], path_stem: str, columns: Sequence[str] | No
 
 
 def _pyplot():
-  import matplotlib
+  matplotlib = require("matplotlib", "plotting eval reports")
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt

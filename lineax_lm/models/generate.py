@@ -11,6 +11,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
@@ -70,17 +71,8 @@ def _generate(graphdef, state, prompt, rng, *, max_new_tokens, temperature, top_
   return jnp.concatenate([prompt, out], axis=1)
 
 
-def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, rng=None, eos_id: int | None = None):
-  """Samples `max_new_tokens` tokens after `prompt_ids` [B, P] (equal-length prompts).
-
-  temperature == 0 is greedy; top_k / top_p filter before sampling; after `eos_id` a row repeats it.
-  Returns [B, P + max_new_tokens] int32. The whole loop is one compiled function per shape and
-  sampling setting.
-  """
-  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-  if prompt_ids.ndim != 2 or prompt_ids.shape[1] < 1:
-    raise ValueError(f"`prompt_ids` must be [B, P] with P >= 1; got shape {prompt_ids.shape}")
+def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng):
+  """Validates the sampling arguments shared by generate and generate_ragged; returns the rng."""
   if max_new_tokens < 1:
     raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
   if temperature < 0:
@@ -93,6 +85,110 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0
     if temperature != 0:
       raise ValueError("sampling with temperature > 0 needs `rng` (a jax.random key)")
     rng = jax.random.key(0)
+  return rng
+
+
+def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, rng=None, eos_id: int | None = None):
+  """Samples `max_new_tokens` tokens after `prompt_ids` [B, P] (equal-length prompts; prompts of
+  different lengths: `generate_ragged`).
+
+  temperature == 0 is greedy; top_k / top_p filter before sampling; after `eos_id` a row repeats it.
+  Returns [B, P + max_new_tokens] int32. The whole loop is one compiled function per shape and
+  sampling setting.
+  """
+  if isinstance(prompt_ids, (list, tuple)) and len({len(p) for p in prompt_ids}) > 1:
+    raise ValueError(f"`prompt_ids` must be [B, P] (equal lengths); got prompts of lengths "
+                     f"{[len(p) for p in prompt_ids]}: use generate_ragged for prompts of different lengths")
+  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+  if prompt_ids.ndim != 2 or prompt_ids.shape[1] < 1:
+    raise ValueError(f"`prompt_ids` must be [B, P] with P >= 1; got shape {prompt_ids.shape}")
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
   graphdef, state = nnx.split(model)
   return _generate(graphdef, state, prompt_ids, rng, max_new_tokens=int(max_new_tokens),
                    temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
+
+
+def length_bucket(n: int, floor: int = 16) -> int:
+  """The padded length of a batch whose longest prompt has `n` tokens: the next power of two, at
+  least `floor` (so a stream of prompt lengths compiles a handful of programs, not one per length)."""
+  return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def prefill_bucket(n: int) -> int:
+  """The tokens every prompt of a batch whose shortest prompt has `n` tokens prefills with the chunk
+  ops: the largest power of two <= n."""
+  return 1 << (int(n).bit_length() - 1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "prefill", "max_new_tokens", "temperature",
+                                             "top_k", "top_p", "eos_id"))
+def _generate_ragged(graphdef, state, tokens, lengths, rng, *, prefill, max_new_tokens, temperature,
+                     top_k, top_p, eos_id):
+  """tokens [B, T] (prompts left-aligned, T = padded prompt length + max_new_tokens), lengths [B]:
+  the first `prefill` tokens of every row go through the chunk ops in one call; from there one
+  token per step, the prompt's own token while a row is still inside its prompt, the sampled one
+  after it. Every row then sees exactly its own prompt (no padding enters a state)."""
+  model = nnx.merge(graphdef, state)
+  B, T = tokens.shape
+  sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  cache = model.init_cache(B, T)
+  logits, cache = model.step(tokens[:, :prefill], cache)
+  end = jnp.max(lengths) + max_new_tokens  # positions past it are never written
+
+  def cond(carry):
+    t, _, _, _, _, done = carry
+    return (t < end) & ~jnp.all(done)
+
+  def body(carry):
+    t, logits, cache, tokens, rng, done = carry
+    rng, key = jax.random.split(rng)
+    sampled = sample(logits, key)
+    in_prompt = t < lengths
+    if eos_id is not None:
+      sampled = jnp.where(done, eos_id, sampled)
+    token = jnp.where(in_prompt, lax.dynamic_index_in_dim(tokens, t, axis=1, keepdims=False), sampled)
+    if eos_id is not None:
+      done = done | (~in_prompt & (token == eos_id))
+    done = done | (t + 1 >= lengths + max_new_tokens)
+    tokens = lax.dynamic_update_index_in_dim(tokens, token, t, axis=1)
+    logits, cache = model.step(token[:, None], cache)
+    return t + 1, logits[:, -1], cache, tokens, rng, done
+
+  done = jnp.zeros((B,), bool)
+  carry = (jnp.asarray(prefill, jnp.int32), logits[:, -1], cache, tokens, rng, done)
+  t, _, _, tokens, _, _ = lax.while_loop(cond, body, carry)
+  return tokens, t
+
+
+def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None, rng=None,
+                    eos_id: int | None = None, pad_id: int = 0) -> list[list[int]]:
+  """Samples `max_new_tokens` tokens after each of `prompts` (sequences of token ids of any lengths,
+  each >= 1) and returns the new tokens of each (cut after `eos_id` when given).
+
+  The batch is padded to `length_bucket` of the longest prompt and prefilled with the chunk ops up
+  to `prefill_bucket` of the shortest; the rest of each prompt is fed one token per step in the
+  decode loop, so no row's state sees padding and the results equal `generate` on each prompt
+  alone. Lengths within the same buckets share one compiled program (sort a stream of prompts by
+  length and batch neighbours: the prompt tokens past the prefill cost one decode step each).
+  """
+  prompts = [list(map(int, p)) for p in prompts]
+  if not prompts or any(len(p) < 1 for p in prompts):
+    raise ValueError("`prompts` must be a non-empty list of token id sequences, each of length >= 1; "
+                     f"got lengths {[len(p) for p in prompts]}")
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  width = length_bucket(int(lengths.max())) + int(max_new_tokens)
+  tokens = np.full((len(prompts), width), pad_id, np.int32)
+  for row, p in zip(tokens, prompts):
+    row[:len(p)] = p
+  graphdef, state = nnx.split(model)
+  out, _ = _generate_ragged(graphdef, state, jnp.asarray(tokens), jnp.asarray(lengths), rng,
+                            prefill=prefill_bucket(int(lengths.min())), max_new_tokens=int(max_new_tokens),
+                            temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
+  out = np.asarray(out)
+  new = [out[i, n:n + max_new_tokens].tolist() for i, n in enumerate(lengths)]
+  if eos_id is not None:
+    new = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in new]
+  return new

@@ -1,11 +1,14 @@
 """python -m lineax_lm.train --config configs/X.py [--config.key=value ...] --workdir DIR
 
+DIR may be local or gs://... (etils.epath). On a cluster (TPU slice, SLURM tasks, or the
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables) every process runs the same
+command; they join through jax.distributed (lineax_lm.train.distributed).
+
 Restarting with the same workdir resumes from its latest checkpoint. Configs are locked: an override
 of a field that does not exist fails with the closest field names.
 """
 import difflib
 import importlib.util
-import logging
 import os
 import re
 import sys
@@ -13,11 +16,13 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from lineax_lm.train import distributed
 from lineax_lm.train.trainer import train_and_evaluate
 from lineax_lm.train.validation import check_config
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py).", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py, or the name of one "
+                                "shipped in lineax_lm/configs: quickstart.py:gdn).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, TensorBoard events and metrics.jsonl go.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -74,9 +79,31 @@ def unknown_field_hints(argv) -> str | None:
   return "; ".join(hint(o) for o in bad)
 
 
+def with_packaged_config(argv) -> list[str]:
+  """`argv` with a --config that names no file ("quickstart.py:gdn", or "configs/quickstart.py:gdn"
+  outside a checkout) pointed at the config of that name shipped in lineax_lm.configs."""
+  from lineax_lm.configs import packaged
+  out = list(argv)
+  for i, a in enumerate(out):
+    if a.startswith("--config="):
+      j, value = i, a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(out):
+      j, value = i + 1, out[i + 1]
+    else:
+      continue
+    path, colon, arg = value.partition(":")
+    found = None if os.path.isfile(path) else packaged(path)
+    if found:
+      out[j] = ("--config=" if j == i else "") + found + colon + arg
+    break
+  return out
+
+
 def parse_flags(argv):
   """absl flag parsing, with suggestions for a mistyped --config.<field> override. Any other error
-  (a config file that fails to load, a value of the wrong type) is absl's own, unchanged."""
+  (a config file that fails to load, a value of the wrong type) is absl's own, unchanged. A
+  --config naming a config shipped in the package is found without a checkout."""
+  argv = with_packaged_config(argv)
   try:
     return FLAGS(argv)
   except (AttributeError, KeyError, flags.Error):
@@ -88,12 +115,12 @@ def parse_flags(argv):
 
 def main(argv):
   del argv
-  import jax
-  # Multi-host: initialise when a cluster environment asks for it (TPU pods, SLURM, ...).
-  if any(v in os.environ for v in ("JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES",
-                                   "MEGASCALE_COORDINATOR_ADDRESS")):
-    jax.distributed.initialize()
-  logging.getLogger("lineax_lm").setLevel(logging.INFO)
+  # Multi-host: join the cluster the environment describes (TPU slice, SLURM, or the JAX_*
+  # variables) before anything touches a device; INFO logs from process 0 only.
+  try:
+    distributed.initialize()
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -25,6 +25,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from lineax_lm import storage
+
 log = logging.getLogger("lineax_lm")
 
 UNVERIFIED = "unverified"  # verify(): the step has no checksums
@@ -59,6 +61,11 @@ class Manager(ocp.CheckpointManager):
         _write_json(step_dir / CHECKSUMS, {"algorithm": "sha256", "files": _file_digests(step_dir)})
 
 
+def checkpoint_dir(workdir) -> epath.Path:
+  """`<workdir>/checkpoints` (local or gs://...)."""
+  return storage.as_path(workdir) / "checkpoints"
+
+
 def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None, best_mode: str = "min",
             async_save: bool = True) -> Manager:
   """The checkpoint manager of `<workdir>/checkpoints`.
@@ -75,7 +82,7 @@ def manager(workdir: str, *, keep: int = 3, best_metric: str | None = None, best
       best_fn=(lambda m: m[best_metric]) if best_metric else None, best_mode=best_mode,
       keep_checkpoints_without_metrics=True)
   return Manager(
-      os.path.join(os.path.abspath(workdir), "checkpoints"), options=options,
+      checkpoint_dir(workdir), options=options,
       item_handlers={"state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
                      "config": ocp.JsonCheckpointHandler()})
 
@@ -149,8 +156,16 @@ def verify(mngr: Manager, step: int) -> str | None:
   return None
 
 
+def reader(workdir) -> Manager:
+  """A read-only manager of `<workdir>/checkpoints` for inference: `restore(..., params_only=True)`
+  reads the parameters of a step and nothing else (no optimizer state, no data iterator)."""
+  return Manager(checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(read_only=True),
+                 item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                                "config": ocp.JsonCheckpointHandler()})
+
+
 def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = None, config=None,
-            set_aside_damaged: bool = False):
+            set_aside_damaged: bool = False, params_only: bool = False):
   """Restores `state` (with the shardings of `abstract_state`) and, in place, the data iterator;
   returns (state, step).
 
@@ -160,6 +175,8 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
   directory as it is). An explicit `step` that is damaged is an error: the caller asked for it.
   A step whose checksums match but that does not restore is not damage: it raises, naming what
   differs when the model changed (`config`, the run's current config, gives the field names).
+  params_only (a `reader` manager): `abstract_state` is {"params": ...} and only those arrays are
+  read.
   """
   steps = sorted(mngr.all_steps())
   if step is not None and step not in steps:
@@ -175,7 +192,7 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
     restored = None
     if problem in (None, UNVERIFIED):
       try:
-        restored = _restore_items(mngr, candidate, abstract_state, data_iter)
+        restored = _restore_items(mngr, candidate, abstract_state, data_iter, params_only)
       except Exception as e:  # orbax raises many types for torn or mismatched files
         changed = _model_change(mngr, candidate, abstract_state, config)
         if changed or problem is None:
@@ -206,7 +223,7 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
 
 def restore_config(workdir: str, step: int | None = None) -> dict:
   """The config a run saved with its checkpoint (for eval and distillation)."""
-  mngr = ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"),
+  mngr = ocp.CheckpointManager(checkpoint_dir(workdir),
                                item_handlers={"config": ocp.JsonCheckpointHandler()},
                                options=ocp.CheckpointManagerOptions(read_only=True))
   step = mngr.latest_step() if step is None else step
@@ -221,23 +238,34 @@ def abstract(tree):
 
 
 # ------------------------------------------------------------------------------ helpers
-def _restore_items(mngr: Manager, step: int, abstract_state, data_iter):
-  items = {"state": ocp.args.StandardRestore(abstract_state)}
+def _restore_items(mngr: Manager, step: int, abstract_state, data_iter, params_only=False):
+  if params_only:
+    items = {"state": ocp.args.PyTreeRestore(
+        item=abstract_state, partial_restore=True,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))}
+  else:
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
   return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
 
 
 def _file_digests(step_dir: epath.Path) -> dict[str, list]:
-  """{relative path: [size, sha256 hex]} of every file under `step_dir` but the checksums."""
+  """{relative path: [size, sha256 hex]} of every file under `step_dir` but the checksums (through
+  epath: local disk or an object store)."""
   out = {}
-  for root, _, files in os.walk(step_dir):
+  for root, _, files in step_dir.walk():
     for name in files:
-      path = os.path.join(root, name)
-      rel = os.path.relpath(path, step_dir)
-      if rel != CHECKSUMS:
-        with open(path, "rb") as f:
-          out[rel] = [os.path.getsize(path), hashlib.file_digest(f, "sha256").hexdigest()]
+      path = epath.Path(root) / name
+      rel = os.fspath(path.relative_to(step_dir))
+      if rel == CHECKSUMS:
+        continue
+      digest, size = hashlib.sha256(), 0
+      with path.open("rb") as f:
+        while block := f.read(1 << 20):
+          digest.update(block)
+          size += len(block)
+      out[rel] = [size, digest.hexdigest()]
   return out
 
 

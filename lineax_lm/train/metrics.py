@@ -11,6 +11,8 @@ import time
 import jax
 import numpy as np
 
+from lineax_lm import storage
+
 log = logging.getLogger("lineax_lm")
 
 # Dense bf16 peak FLOP/s per device, for the MFU estimate (vendor datasheets).
@@ -33,9 +35,10 @@ def device_memory_gib() -> float | None:
 
 
 def drop_rows_after(path: str, step: int) -> int:
-  """Removes the rows of metrics.jsonl `path` past `step` (rewritten through a temporary file) and
-  returns how many went. A run resumed from step `step` logs those steps again: a run killed after
-  its last checkpoint, or rolled back to an earlier one, would otherwise list them twice."""
+  """Removes the rows of metrics.jsonl `path` (a local file) past `step` (rewritten through a
+  temporary file) and returns how many went. A run resumed from step `step` logs those steps again:
+  a run killed after its last checkpoint, or rolled back to an earlier one, would otherwise list
+  them twice."""
   if not os.path.exists(path):
     return 0
   with open(path) as f:
@@ -55,12 +58,22 @@ def drop_rows_after(path: str, step: int) -> int:
   return len(lines) - len(kept)
 
 
+def in_notebook() -> bool:
+  """True inside a Jupyter / Colab kernel (stderr is no TTY there, but tqdm.auto draws a widget)."""
+  return "ipykernel" in sys.modules
+
+
 class MetricsWriter:
   """Writes scalars to TensorBoard and metrics.jsonl (process 0 only) and shows progress. A run that
   trains on from `start_step` drops what an earlier run logged past it, so each step keeps one set
-  of rows."""
+  of rows.
 
-  def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool | None = None):
+  The workdir may be local or on an object store (gs://...): the files are then written in a local
+  staging folder and uploaded whole (storage.Staged) every `sync_every_s` seconds and at `close`,
+  so tensorboardX and the appends to metrics.jsonl only ever see local files."""
+
+  def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool | None = None,
+               sync_every_s: float = 30.0):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.tb = None
     self.jsonl = None
@@ -68,17 +81,18 @@ class MetricsWriter:
     if not self.enabled:
       return
     from tensorboardX import SummaryWriter
-    path = os.path.join(workdir, "metrics.jsonl")
+    self.staged = storage.Staged(workdir, download=("metrics.jsonl",), min_interval_s=sync_every_s)
+    path = os.path.join(self.staged.local, "metrics.jsonl")
     dropped = drop_rows_after(path, start_step) if start_step < total_steps else 0
     if dropped:
       log.info("dropped %d rows past step %d from %s (this run logs those steps again)", dropped,
-               start_step, path)
+               start_step, storage.join(workdir, "metrics.jsonl"))
     # purge_step: TensorBoard hides the earlier events at and past it, as metrics.jsonl drops them
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+    self.tb = SummaryWriter(os.path.join(self.staged.local, "tensorboard"),
                             purge_step=start_step + 1 if dropped else None)
     self.jsonl = open(path, "a")
-    if sys.stderr.isatty():
-      from tqdm import tqdm
+    if sys.stderr.isatty() or in_notebook():
+      from tqdm.auto import tqdm
       self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
   def write(self, step: int, scalars: dict, advance: int = 0):
@@ -94,6 +108,9 @@ class MetricsWriter:
       self.bar.set_postfix({k: f"{v:.4g}" for k, v in short.items()}, refresh=False)
     else:
       log.info("step %d  %s", step, "  ".join(f"{k}={v:.4g}" for k, v in short.items()))
+    if self.staged.remote:
+      self.tb.flush()
+      self.staged.sync(force=False)
 
   def advance(self, n: int = 1):
     if self.bar is not None:
@@ -103,6 +120,7 @@ class MetricsWriter:
     if self.enabled:
       self.tb.close()
       self.jsonl.close()
+      self.staged.close()
       if self.bar is not None:
         self.bar.close()
 

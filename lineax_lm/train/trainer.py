@@ -28,11 +28,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from lineax_lm import sharding
+from lineax_lm import sharding, storage
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
 from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
-from lineax_lm.train import validation
+from lineax_lm.train import distributed, validation
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32
@@ -292,7 +292,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
   `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
-  os.makedirs(workdir, exist_ok=True)
+  storage.as_path(workdir).mkdir(parents=True, exist_ok=True)  # local or gs://
   t = config.train
   objective = objective or Objective()
   dataset = objective.dataset or make_dataset
@@ -353,12 +353,13 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
           if evals and (step % config.eval.every == 0 or step == t.steps):
             summary.update(trainer.evaluate(state["params"], evals))
             writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
-          if step % t.checkpoint_every == 0 or step == t.steps or stop.requested:
+          requested = distributed.agree_on_stop(stop.requested)  # every host stops at one step
+          if step % t.checkpoint_every == 0 or step == t.steps or requested:
             checkpoint.save(mngr, step, state, data_iter, config)
-          if stop.requested:
+          if requested:
             log.warning("%s received: saved step %d in %s; rerun the same command to resume",
-                        stop.requested, step, workdir)
-            summary["stopped_by"] = stop.requested
+                        requested, step, workdir)
+            summary["stopped_by"] = requested
             break
       if evals and "eval_accuracy" not in summary:  # a finished run restarted: report it anyway
         summary.update(trainer.evaluate(state["params"], evals))

@@ -101,8 +101,9 @@ def test_lm_eval_adapter_answers_a_tiny_fake_task(model):
   ref = sum(l for l, _ in scoring.score_pairs(lm.scorer, scoring.rolling_windows(ids, 256, 32), 32))
   assert ll == pytest.approx(ref) and ll < 0
   outs = lm.generate_until([req("Once upon", {"until": ["o"], "max_gen_toks": 4}),
-                            req("Once upon", {"until": "zz"})])
-  assert len(outs) == 2 and all(isinstance(o, str) for o in outs)
+                            req("Once upon", {"until": "zz"}),
+                            req("Once upon a time", {"until": "zz"})])  # another length, one batch
+  assert len(outs) == 3 and all(isinstance(o, str) for o in outs)
   assert outs[1].startswith(outs[0]) and "o" not in outs[0]      # one greedy text, cut at its stops
   lm2 = LineaxLM.create_from_arg_string("max_length=16,max_gen_toks=2", {"model": model, "tokenizer": "byte",
                                                                          "batch_size": 1, "device": None})

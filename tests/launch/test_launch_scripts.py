@@ -1,0 +1,88 @@
+"""launch/*.sh: `bash -n` clean, and `--dry-run` prints the commands each script would run (the
+interpreter check, the install with the right extra, the cluster variables, the detached run)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh"]
+
+
+def run(script, *args, **env):
+  # PYTHON: this interpreter (>= 3.11), so the scripts need not probe python3.13 ... python3
+  full = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable,
+          **env}
+  return subprocess.run(["bash", os.path.join(ROOT, "launch", script), *args], env=full,
+                        capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse(script):
+  assert subprocess.run(["bash", "-n", os.path.join(ROOT, "launch", script)]).returncode == 0
+
+
+def test_gpu_node_one_node_dry_run():
+  out = run("gpu_node.sh", "--dry-run", "--gpus", "2", "--config.train.steps=10", CUDA="12",
+            CONFIG="configs/quickstart.py:gdn", WORKDIR="runs/x")
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert any("-m venv .venv" in l for l in lines)
+  assert any("pip install -q -e .\\[cuda12\\]" in l for l in lines)
+  assert "+ export CUDA_VISIBLE_DEVICES=0,1" in lines
+  assert lines[-1] == ("+ .venv/bin/python -m lineax_lm.train --config configs/quickstart.py:gdn "
+                       "--workdir runs/x --config.train.steps=10")
+
+
+def test_gpu_node_several_nodes_dry_run():
+  out = run("gpu_node.sh", "--dry-run", "--nodes", "2", "--node-rank", "1", "--coordinator",
+            "10.0.0.2:1234", "--detach", CONFIG="c.py", WORKDIR="gs://b/x", VENV="none", CUDA="13")
+  assert out.returncode == 0, out.stderr
+  assert "+ export JAX_COORDINATOR_ADDRESS=10.0.0.2:1234 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=1" in out.stdout
+  assert "pip install" not in out.stdout                     # VENV=none: the interpreter as it is
+  assert out.stdout.splitlines()[-1].startswith(f"+ nohup {sys.executable} -m lineax_lm.train")
+  assert out.stdout.splitlines()[-1].endswith("--workdir gs://b/x >> lineax_train.log 2>&1 &")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "2"], "need all of --nodes, --node-rank and --coordinator"),
+    (["--nodes", "2", "--node-rank", "2", "--coordinator", "h:1"], "--node-rank must be in 0..1"),
+    (["--gpus", "9"], "--gpus must be 1..8"),
+    (["--slurm"], "not inside a SLURM allocation"),
+])
+def test_gpu_node_errors(args, message):
+  out = run("gpu_node.sh", "--dry-run", *args, CONFIG="c.py", WORKDIR="w", VENV="none")
+  assert out.returncode == 2 and message in out.stderr
+
+
+def test_gpu_node_rejects_an_old_python():
+  out = run("gpu_node.sh", "--dry-run", CONFIG="c.py", WORKDIR="w", PYTHON="false")
+  assert out.returncode == 2 and "needs Python >= 3.11" in out.stderr
+
+
+def test_tpu_pod_dry_run():
+  out = run("tpu_pod.sh", "--dry-run", "--config.train.steps=10", TPU_NAME="t", ZONE="z",
+            REPO="https://example.org/lineax_lm.git", CONFIG="configs/quickstart.py:gdn",
+            WORKDIR="gs://b/runs/x", ACCELERATOR="v5p-16", VERSION="v2-alpha-tpuv5", SPOT="1")
+  assert out.returncode == 0, out.stderr
+  text = out.stdout
+  assert ("+ gcloud compute tpus tpu-vm create t --zone z --accelerator-type v5p-16 --version "
+          "v2-alpha-tpuv5 --spot") in text
+  assert "+ gcloud compute tpus tpu-vm ssh t --zone z --worker=all" in text
+  assert "sys.version_info < (3, 11)" in text                       # the interpreter check
+  assert "git clone --branch main https://example.org/lineax_lm.git lineax_lm" in text
+  assert "pip install -q -e '.[tpu]'" in text
+  assert ("nohup .venv/bin/python -m lineax_lm.train --config configs/quickstart.py:gdn --workdir "
+          "gs://b/runs/x --config.train.steps=10 >> $HOME/lineax_train.log 2>&1 &") in text
+  assert "a run is still going" in text                             # rerun: a live run is kept
+
+
+def test_tpu_pod_logs_stop_and_errors():
+  env = dict(TPU_NAME="t", ZONE="z")
+  assert "--worker=0 --command" in run("tpu_pod.sh", "--dry-run", "--logs", **env).stdout
+  assert "kill -TERM" in run("tpu_pod.sh", "--dry-run", "--stop", **env).stdout
+  local = run("tpu_pod.sh", "--dry-run", CONFIG="c.py", WORKDIR="runs/x", REPO="https://e/r", **env)
+  assert local.returncode == 2 and "must be a gs:// path" in local.stderr
+  no_repo = run("tpu_pod.sh", "--dry-run", CONFIG="c.py", WORKDIR="gs://b/x", **env)
+  assert no_repo.returncode == 2 and "set REPO" in no_repo.stderr
