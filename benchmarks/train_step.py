@@ -164,6 +164,8 @@ def main():
   p.add_argument("--remat", default="none")
   p.add_argument("--attn_impl", default="cudnn" if jax.default_backend() == "gpu" else None,
                  help="jax.nn.dot_product_attention implementation of the attention layers")
+  p.add_argument("--set", default="", help="ModelConfig overrides of every preset, e.g. "
+                 "scan_layers=false,remat=dots (values read as JSON where they parse)")
   p.add_argument("--profile", type=int, default=0,
                  help="trace this many steps after the timed ones; per-op table to <json>.profile.md")
   p.add_argument("--hlo", action="store_true", help="write each preset's optimised HLO beside --json")
@@ -178,7 +180,7 @@ def main():
   for spec in a.presets.split(","):
     preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
     overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
-                     **({"attn_ratio": ratio} if ratio else {}))
+                     **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
     stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_")
     row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
                      stem + ".hlo.txt" if a.hlo else None)
@@ -207,6 +209,17 @@ def main():
     first = r.get("compile_s", r.get("first_step_s"))
     print(f"| {r['preset']} | {r['params_M']:.0f}M | {r['tokens_per_s'] / 1e3:.1f}k | {mfu} | {peak} | "
           f"{r['step_s'] * 1e3:.0f} | {first:.0f}{split_text(r)} |")
+
+
+def parse_set(text: str) -> dict:
+  out = {}
+  for item in filter(None, text.split(",")):
+    key, _, value = item.partition("=")
+    try:
+      out[key] = json.loads(value)
+    except ValueError:
+      out[key] = value
+  return out
 
 
 def split_text(r: dict) -> str:

@@ -29,7 +29,8 @@ from jax import lax
 
 from lineax_lm.layers import (Context, LayerSpec, Packing, RMSNorm, SwiGLU, build_mixer,
                               mixer_config, mlp_width)
-from lineax_lm.layers.common import INIT_STD, cu_seqlens_from_starts, param
+from lineax_lm.layers.common import (INIT_STD, cu_seqlens_from_starts, param,
+                                     recomputed_between_dots)
 from lineax_lm.models import generate as generation
 from pallas_kernels.common.varlen import sequence_index
 
@@ -176,7 +177,12 @@ class Block(nnx.Module):
     kw = {"lower_bound": lower_bound} if getattr(self.mixer, "uses_lower_bound", False) else {}
     h, cache = self.mixer(self.attn_norm(x), cache, ctx, **kw)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), cache
+    # The normalised input of the MLP's projections is recomputed in the backward from x, which is
+    # kept anyway (the norm's own backward needs it): one [B, L, D] activation less per layer.
+    return x + recomputed_between_dots(self._mlp)(x), cache
+
+  def _mlp(self, x):
+    return self.mlp(self.mlp_norm(x))
 
 
 def call_shared(fn, module: nnx.Module, *args, remat: str | None = None):
