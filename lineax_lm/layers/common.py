@@ -14,7 +14,6 @@ Logical axis names of the parameters (mapped to mesh axes by the training loop's
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -211,13 +210,6 @@ class ShortConv(nnx.Module):
 
   def __call__(self, x, state=None, reset_ids=None):
     """x: [B, L, C] -> (y [B, L, C], new conv state [B, W - 1, C])."""
-    bias = None if self.bias is None else self.bias[...]
-    if state is None:  # training, or a prefill from an empty cache
-      same = None if reset_ids is None else same_segment(reset_ids, self.width)
-      y = causal_conv(x, self.weight[...], bias, same, self.activation)
-      return y, causal_taps(x[:, -(self.width - 1):] if self.width > 1 else x[:, :0],
-                            self.width)[1]
-
     def conv(x, w, bias, state):
       taps, new_state = causal_taps(x, self.width, state, reset_ids)
       y = sum(tap.astype(F32) * w.astype(F32)[self.width - 1 - s] for s, tap in enumerate(taps))
@@ -226,88 +218,8 @@ class ShortConv(nnx.Module):
       if self.activation == "silu":
         y = jax.nn.silu(y)
       return y.astype(x.dtype), new_state
+    bias = None if self.bias is None else self.bias[...]
     return recomputed(conv)(x, self.weight[...], bias, state)
-
-
-def shifted(x, s: int):
-  """x[:, t - s] along axis 1, zero outside [0, L); a negative s reads ahead."""
-  L = x.shape[1]
-  if s == 0:
-    return x
-  if abs(s) >= L:
-    return jnp.zeros_like(x)
-  pad = [(0, 0)] * x.ndim
-  pad[1] = (s, 0) if s > 0 else (0, -s)
-  return jnp.pad(x[:, :L - s] if s > 0 else x[:, -s:], pad)
-
-
-def same_segment(reset_ids, width: int):
-  """[width - 1] bool [B, L]: entry s - 1 says token t - s is in t's segment (False for t < s)."""
-  return [shifted(reset_ids, s) == reset_ids if s < reset_ids.shape[1]
-          else jnp.zeros(reset_ids.shape, bool) for s in range(1, width)]
-
-
-def _conv_pre(x, w, bias, same, ahead: int = 0):
-  """The float32 pre-activation of the causal convolution at t + ahead:
-  sum_s w[W - 1 - s] [t + ahead - s in the segment] x[t + ahead - s] + bias."""
-  W = w.shape[0]
-  y = 0.0
-  for s in range(W):
-    tap = shifted(x, s - ahead).astype(F32)
-    if s and same is not None:
-      tap = jnp.where(shifted(same[s - 1], -ahead)[..., None], tap, 0.0)
-    y = y + tap * w[W - 1 - s].astype(F32)
-  return y if bias is None else y + bias.astype(F32)
-
-
-def _activate(a, activation):
-  return jax.nn.silu(a) if activation == "silu" else a
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def causal_conv(x, w, bias, same, activation):
-  """activation(causal depthwise convolution) of x [B, L, C] with taps w [W, C] (w[W - 1] on the
-  current token), float32 math, output in x's dtype; same: same_segment(...) or None. Its
-  backward keeps only x and recomputes the pre-activation at each of the W shifts it needs inside
-  the one fused pass that forms dx (float32 accumulation), so no float32 [B, L, C] intermediate is
-  written; the weight gradient is W sums of products of the same recomputed terms."""
-  return _activate(_conv_pre(x, w, bias, same), activation).astype(x.dtype)
-
-
-def _causal_conv_fwd(x, w, bias, same, activation):
-  return causal_conv(x, w, bias, same, activation), (x, w, bias, same)
-
-
-def _causal_conv_bwd(activation, residuals, dy):
-  x, w, bias, same = residuals
-  W = w.shape[0]
-
-  def dpre(ahead):  # d loss / d pre-activation at t + ahead
-    g = shifted(dy, -ahead).astype(F32)
-    if activation == "silu":
-      a = _conv_pre(x, w, bias, same, ahead)
-      sig = jax.nn.sigmoid(a)
-      g = g * sig * (1.0 + a * (1.0 - sig))
-    return g
-
-  dx = 0.0
-  for s in range(W):  # output t + s reads x[t] through tap s
-    g = dpre(s)
-    if s and same is not None:
-      g = jnp.where(shifted(same[s - 1], -s)[..., None], g, 0.0)
-    dx = dx + g * w[W - 1 - s].astype(F32)
-  g0 = dpre(0)
-  dw = []
-  for s in reversed(range(W)):  # row W - 1 - s multiplies tap s
-    tap = shifted(x, s).astype(F32)
-    if s and same is not None:
-      tap = jnp.where(same[s - 1][..., None], tap, 0.0)
-    dw.append(jnp.sum(g0 * tap, axis=(0, 1)))
-  db = None if bias is None else jnp.sum(g0, axis=(0, 1)).astype(bias.dtype)
-  return dx.astype(x.dtype), jnp.stack(dw).astype(w.dtype), db, None
-
-
-causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
 
 
 # ----------------------------------------------------------------------------- gate initialisers

@@ -129,14 +129,12 @@ def test_remat_gives_the_same_gradients():
 @pytest.mark.slow
 def test_scanned_layers_equal_the_unrolled_loop():
   """The training forward scans over repeats of the layer pattern (here a GDN and an attention
-  block at 1:1, whose Linear weights enter the scan in bf16): same outputs and parameter gradients
-  as the per-layer loop, and the parameter tree is the same."""
-  ratio, dtype = "1:1", "bfloat16"
+  block at 1:1): same loss and parameter gradients as the per-layer loop, and the same parameter
+  tree. float32: at this size bf16 rounding alone moves the gradients by ~20% (either way)."""
   x = jnp.asarray(tokens((2, 8)))
   outs, grads = [], []
   for scan in (False, True):
-    model = HybridLM(tiny_config(num_layers=4, attn_ratio=ratio, dtype=dtype, scan_layers=scan),
-                     nnx.Rngs(0))
+    model = HybridLM(tiny_config(num_layers=4, attn_ratio="1:1", scan_layers=scan), nnx.Rngs(0))
     assert (model._scan_period() is not None) == scan
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
@@ -144,10 +142,9 @@ def test_scanned_layers_equal_the_unrolled_loop():
     outs.append(value)
     grads.append(grad)
   assert jax.tree.structure(grads[0]) == jax.tree.structure(grads[1])
-  tol = 1e-2
-  np.testing.assert_allclose(float(outs[0]), float(outs[1]), rtol=tol)
+  np.testing.assert_allclose(float(outs[0]), float(outs[1]), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol * np.abs(a).max())
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4 * np.abs(a).max())
 
 
 def test_every_param_has_logical_axes():
