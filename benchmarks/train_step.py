@@ -23,8 +23,10 @@ import argparse
 import dataclasses
 import json
 import os
+import functools
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -49,7 +51,11 @@ def build(preset: str, batch: int, seq: int, overrides: dict, loss_chunk: int):
   return Trainer(config, validate_config(config, mesh), mesh)
 
 
-def run(preset, batch, seq, steps, overrides, loss_chunk):
+def run(preset, batch, seq, steps, overrides, loss_chunk, profile=0, hlo=None):
+  """One preset's row. The first step is split into init (random parameters and optimizer state),
+  trace + lower and XLA compile of the train step, and its first run. `profile` > 0: a
+  jax.profiler trace of that many further steps, summarised per device op (profile_table);
+  `hlo`: a path to write the optimised HLO to (the fusions the profile names)."""
   t0 = time.perf_counter()
   trainer = build(preset, batch, seq, overrides, loss_chunk)
   vocab = trainer.model_cfg.vocab_size
@@ -57,27 +63,67 @@ def run(preset, batch, seq, steps, overrides, loss_chunk):
   batches = [trainer.put_batch({"inputs": rng.integers(0, vocab, (batch, seq), dtype=np.int32),
                                 "targets": rng.integers(0, vocab, (batch, seq), dtype=np.int32),
                                 "loss_mask": np.ones((batch, seq), np.int32)}) for _ in range(2)]
+  split = {}
   with jax.set_mesh(trainer.mesh):
+    t = time.perf_counter()
     state = trainer.init()
-    state, m = trainer.train_step(state, batches[0])
+    jax.block_until_ready(state)
+    split["init_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lowered = trainer.train_step.func.lower(state, batches[0], **trainer.train_step.keywords)
+    split["lower_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    compiled = lowered.compile()
+    split["xla_compile_s"] = time.perf_counter() - t
+    if hlo:
+      with open(hlo, "w") as f:
+        f.write(compiled.as_text())
+    step = functools.partial(compiled, **trainer.train_step.keywords)
+    t = time.perf_counter()
+    state, m = step(state, batches[0])
     jax.block_until_ready(m)
+    split["first_run_s"] = time.perf_counter() - t
     compile_s = time.perf_counter() - t0
     for i in range(2):
-      state, m = trainer.train_step(state, batches[i % 2])
+      state, m = step(state, batches[i % 2])
     jax.block_until_ready(m)
     t = time.perf_counter()
     for i in range(steps):
-      state, m = trainer.train_step(state, batches[i % 2])
+      state, m = step(state, batches[i % 2])
     jax.block_until_ready(m)
     step_s = (time.perf_counter() - t) / steps
+    table = None
+    if profile:
+      trace = tempfile.mkdtemp(prefix="train_step_trace_")
+      jax.profiler.start_trace(trace)
+      for i in range(profile):
+        state, m = step(state, batches[i % 2])
+      jax.block_until_ready(m)
+      jax.profiler.stop_trace()
+      table = profile_table(trace, profile)
   tok_s = batch * seq / step_s
   peak = metrics.peak_flops_per_device()
   row = dict(preset=preset, params_M=trainer.num_params / 1e6, attention_layers=len(trainer.model_cfg.attention_indices),
              step_s=step_s, tokens_per_s=tok_s, mfu_6N=(6 * trainer.num_params * tok_s / (peak * jax.device_count())
                                                          if peak else None),
-             peak_GiB=metrics.device_memory_gib(), compile_s=compile_s, loss=float(m["loss"]))
+             peak_GiB=metrics.device_memory_gib(), compile_s=compile_s, loss=float(m["loss"]),
+             **split)
   print(json.dumps(row), flush=True)
-  return row
+  return row, table
+
+
+def profile_table(trace_dir: str, steps: int, top: int = 60) -> str:
+  """metrics.profile_summary's per-op table with each op's HLO / JAX names (where the profiler
+  records them), so that fusion.N can be read against the optimised HLO."""
+  found = metrics.profile_ops(trace_dir)
+  if found[0] is None:
+    return found[1]
+  ops, busy_ns, _ = found
+  rows = [metrics.profile_summary(trace_dir, steps, top), "", "| op | ms / step | names |", "|---|---|---|"]
+  for name, (ns, _, stats) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]:
+    names = "; ".join(f"{k}={v[:160]}" for k, v in stats.items()).replace("|", "/").replace("\n", " ")
+    rows.append(f"| {name[:60]} | {ns / 1e6 / steps:.2f} | {names} |")
+  return "\n".join(rows)
 
 
 def torch_rows(path: str, batch: int, seq: int) -> list:
@@ -118,6 +164,11 @@ def main():
   p.add_argument("--remat", default="none")
   p.add_argument("--attn_impl", default="cudnn" if jax.default_backend() == "gpu" else None,
                  help="jax.nn.dot_product_attention implementation of the attention layers")
+  p.add_argument("--set", default="", help="ModelConfig overrides of every preset, e.g. "
+                 "scan_layers=false,remat=dots (values read as JSON where they parse)")
+  p.add_argument("--profile", type=int, default=0,
+                 help="trace this many steps after the timed ones; per-op table to <json>.profile.md")
+  p.add_argument("--hlo", action="store_true", help="write each preset's optimised HLO beside --json")
   p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "train_step.json"))
   a = p.parse_args()
   if a.long:
@@ -129,8 +180,15 @@ def main():
   for spec in a.presets.split(","):
     preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
     overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
-                     **({"attn_ratio": ratio} if ratio else {}))
-    rows.append(run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk) | {"preset": spec})
+                     **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
+    stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_")
+    row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
+                     stem + ".hlo.txt" if a.hlo else None)
+    rows.append(row | {"preset": spec})
+    if table:
+      with open(stem + ".profile.md", "w") as f:
+        f.write(f"# {spec}: B={a.batch} T={a.seq}, {a.profile} steps\n\n{table}\n")
+      print(table, flush=True)
   if a.torch and os.path.exists(a.torch):
     rows += torch_rows(a.torch, a.batch, a.seq)
   elif a.torch:
@@ -139,7 +197,8 @@ def main():
     json.dump(rows, f, indent=1)
   print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk} (peak GiB of ours: "
         "process-wide)\n"
-        "| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s |")
+        "| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s (init + lower + "
+        "compile + run) |")
   print("|---|---|---|---|---|---|---|")
   for r in rows:
     if "error" in r:
@@ -149,7 +208,23 @@ def main():
     peak = f"{r['peak_GiB']:.1f}" if r["peak_GiB"] else "-"
     first = r.get("compile_s", r.get("first_step_s"))
     print(f"| {r['preset']} | {r['params_M']:.0f}M | {r['tokens_per_s'] / 1e3:.1f}k | {mfu} | {peak} | "
-          f"{r['step_s'] * 1e3:.0f} | {first:.0f} |")
+          f"{r['step_s'] * 1e3:.0f} | {first:.0f}{split_text(r)} |")
+
+
+def parse_set(text: str) -> dict:
+  out = {}
+  for item in filter(None, text.split(",")):
+    key, _, value = item.partition("=")
+    try:
+      out[key] = json.loads(value)
+    except ValueError:
+      out[key] = value
+  return out
+
+
+def split_text(r: dict) -> str:
+  parts = [r.get(k) for k in ("init_s", "lower_s", "xla_compile_s", "first_run_s")]
+  return "" if None in parts else " (" + " + ".join(f"{x:.1f}" for x in parts) + ")"
 
 
 if __name__ == "__main__":

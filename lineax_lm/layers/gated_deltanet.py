@@ -18,7 +18,8 @@ from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurr
 
 from lineax_lm.layers.base import LinearMixer
 from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log_init, check_expand,
-                                     dense, dt_bias_init, param, recomputed, run_op)
+                                     dense, dt_bias_init, param, recomputed_between_dots,
+                                     run_op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,7 @@ class GatedDeltaNet(LinearMixer):
   def __call__(self, x, cache=None, ctx: Context | None = None):
     """x: [B, L, D] -> ([B, L, D], new cache or None)."""
     cfg = self.cfg
-    q, k, v, conv = self.qkv(x, cache, ctx, fallback=jax.nn.silu)
-    q, k = recomputed(l2norm)(q), recomputed(l2norm)(k)
+    q, k, v, conv = recomputed_between_dots(self._normed_qkv)(x, cache, ctx)
     beta = jax.nn.sigmoid(self.b_proj(x).astype(F32)) * (2.0 if cfg.allow_neg_eigval else 1.0)
     g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(
         self.a_proj(x).astype(F32) + self.dt_bias[...].astype(F32))
@@ -57,3 +57,10 @@ class GatedDeltaNet(LinearMixer):
                       (q, k, v, g, beta.astype(q.dtype)), state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing, backend=cfg.backend)
     return self.output(o, x), self.new_cache(cache, state, conv)
+
+  def _normed_qkv(self, x, cache, ctx):
+    """Projections, short convolutions and L2-normalised q, k. Under recomputed_between_dots only
+    the projections' outputs and the results are kept for the backward, not the convolutions'
+    outputs before the norm (B=8, T=4096, 2 x 1,024 bf16 channels: 128 MB a layer)."""
+    q, k, v, conv = self.qkv(x, cache, ctx, fallback=jax.nn.silu)
+    return l2norm(q), l2norm(k), v, conv

@@ -24,12 +24,13 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 from jax import lax
 
 from lineax_lm.layers import (Context, LayerSpec, Packing, RMSNorm, SwiGLU, build_mixer,
                               mixer_config, mlp_width)
-from lineax_lm.layers.common import INIT_STD, cu_seqlens_from_starts, param
+from lineax_lm.layers.common import (INIT_STD, cu_seqlens_from_starts, param,
+                                     recomputed_between_dots)
 from lineax_lm.models import generate as generation
 from pallas_kernels.common.varlen import sequence_index
 
@@ -66,6 +67,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   backend: str = "auto"                    # op backend for every mixer
   max_segments: int = 16                   # packed sequences per row (static bound under jit)
+  scan_layers: bool = False                # training forward as a lax.scan over repeating blocks
 
   def __post_init__(self):
     items = self.mixer_cfg.items() if isinstance(self.mixer_cfg, Mapping) else self.mixer_cfg
@@ -175,7 +177,12 @@ class Block(nnx.Module):
     kw = {"lower_bound": lower_bound} if getattr(self.mixer, "uses_lower_bound", False) else {}
     h, cache = self.mixer(self.attn_norm(x), cache, ctx, **kw)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), cache
+    # The normalised input of the MLP's projections is recomputed in the backward from x, which is
+    # kept anyway (the norm's own backward needs it): one [B, L, D] activation less per layer.
+    return x + recomputed_between_dots(self._mlp)(x), cache
+
+  def _mlp(self, x):
+    return self.mlp(self.mlp_norm(x))
 
 
 def call_shared(fn, module: nnx.Module, *args, remat: str | None = None):
@@ -201,6 +208,42 @@ def _pure_call(fn, graphdef, remat, state, *args):
 
 def _block_forward(block, x, cache, ctx, lower_bound):
   return block(x, cache, ctx, lower_bound)
+
+
+def _linear_dtypes(module: nnx.Module) -> dict:
+  """{path of an nnx.Linear's kernel or bias within `module`'s state: the Linear's compute dtype}:
+  the parameters a Linear casts to its compute dtype before use, so that casting them earlier
+  changes nothing."""
+  dtypes = {}
+  for path, sub in nnx.iter_graph(module):
+    if isinstance(sub, nnx.Linear) and sub.dtype is not None:
+      dtypes.update({(*path, "kernel"): sub.dtype, (*path, "bias"): sub.dtype})
+  return dtypes
+
+
+def scan_blocks(blocks: list, period: int, x, ctx, remat: str | None = None):
+  """The training forward of `blocks` (no cache, no lower bounds) as one lax.scan over the repeats
+  of a pattern of `period` blocks (1 for a pure model, 4 at "3:1"): XLA compiles the pattern once
+  instead of once per layer. The per-layer parameters are stacked along a new leading axis inside
+  the step (the parameter tree, and so checkpoints, are unchanged), the Linear weights already in
+  their compute dtype (the cast they get anyway, before a copy of half the size); the gradients
+  flow back through the stack into each layer's own leaves."""
+  repeats = len(blocks) // period
+  graphdefs, stacked = [], []
+  for j in range(period):
+    graphdefs.append(nnx.graphdef(blocks[j]))
+    dtypes = _linear_dtypes(blocks[j])
+    layers = [traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(blocks[j + r * period])))
+              for r in range(repeats)]
+    stacked.append({path: jnp.stack([layer[path].astype(dtypes.get(path, layer[path].dtype))
+                                     for layer in layers]) for path in layers[0]})
+
+  def body(x, params):
+    for j in range(period):
+      x, _ = _pure_call(_block_forward, graphdefs[j], remat,
+                        traverse_util.unflatten_dict(params[j]), x, None, ctx, None)
+    return x, None
+  return lax.scan(body, x, stacked)[0]
 
 
 class HybridLM(nnx.Module):
@@ -266,6 +309,18 @@ class HybridLM(nnx.Module):
     lb = jnp.cumsum(lb, axis=0) - lb[0]
     return [None] + [lb[i] for i in range(1, len(self.blocks))]  # layer 0's bound is 0: none
 
+  def _scan_period(self):
+    """The number of blocks per repeat of the layer pattern when the forward can scan over the
+    repeats (config.scan_layers, at least two repeats, no per-layer lower bounds), else None."""
+    kinds = [b.is_attention for b in self.blocks]
+    if not self.config.scan_layers or self.lower_bounds is not None:
+      return None
+    n = len(kinds)
+    for period in range(1, n // 2 + 1):
+      if n % period == 0 and all(kinds[i] == kinds[i % period] for i in range(n)):
+        return period
+    return None
+
   def _head(self):
     return self.embed.embedding[...].T if self.lm_head is None else self.lm_head[...]
 
@@ -294,10 +349,15 @@ class HybridLM(nnx.Module):
     remat = config.remat if config.remat != "none" and cache is None else None
     x = self.embed(inputs)
     layer_caches = []
-    for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
-      x, layer_cache = call_shared(_block_forward, block, x,
-                                   None if cache is None else cache["layers"][i], ctx, lb, remat=remat)
-      layer_caches.append(layer_cache)
+    period = self._scan_period() if cache is None else None
+    if period is not None:
+      x = scan_blocks(list(self.blocks), period, x, ctx, remat)
+    else:
+      for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
+        x, layer_cache = call_shared(_block_forward, block, x,
+                                     None if cache is None else cache["layers"][i], ctx, lb,
+                                     remat=remat)
+        layer_caches.append(layer_cache)
     x = self.norm(x)
     if overflow is not None:  # NaN reaches the logits (and any loss on them) through the head
       x = jnp.where(overflow, jnp.nan, x)

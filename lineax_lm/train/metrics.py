@@ -125,15 +125,15 @@ class MetricsWriter:
         self.bar.close()
 
 
-def profile_summary(trace_dir: str, steps: int, top: int = 15) -> str:
-  """A markdown summary of the jax.profiler trace under `trace_dir` covering `steps` training steps:
-  wall time per step, the device's busy time per step (kernels on the GPU / TPU planes; well below
-  the wall time means the host is the bottleneck) and the `top` device ops by total time."""
+def profile_ops(trace_dir: str):
+  """Device ops of the newest jax.profiler trace under `trace_dir`: ({op name: [total ns, calls,
+  its first event's string stats (the HLO text or JAX op name where the profiler records them)]},
+  busy ns, (first start ns, last end ns)), or (None, message) when there is no device trace."""
   import glob
   from jax.profiler import ProfileData
   paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
   if not paths:
-    return f"(no trace under {trace_dir})"
+    return None, f"(no trace under {trace_dir})"
   data = ProfileData.from_file(paths[-1])
   ops: dict[str, list] = {}
   busy_ns, first, last = 0.0, None, None
@@ -145,18 +145,32 @@ def profile_summary(trace_dir: str, steps: int, top: int = 15) -> str:
     lines = [l for l in lines if l.name == "XLA Ops"] or lines
     for line in lines:
       for e in line.events:
-        t = ops.setdefault(e.name, [0.0, 0])
+        t = ops.get(e.name)
+        if t is None:
+          stats = {k: v for k, v in dict(e.stats).items() if isinstance(v, str) and not k.startswith("_")}
+          t = ops[e.name] = [0.0, 0, stats]
         t[0] += e.duration_ns
         t[1] += 1
         busy_ns += e.duration_ns
         first = e.start_ns if first is None else min(first, e.start_ns)
         last = e.end_ns if last is None else max(last, e.end_ns)
   if not ops:
-    return f"(no device events in {paths[-1]}: a CPU run)"
+    return None, f"(no device events in {paths[-1]}: a CPU run)"
+  return ops, busy_ns, (first, last)
+
+
+def profile_summary(trace_dir: str, steps: int, top: int = 15) -> str:
+  """A markdown summary of the jax.profiler trace under `trace_dir` covering `steps` training steps:
+  wall time per step, the device's busy time per step (kernels on the GPU / TPU planes; well below
+  the wall time means the host is the bottleneck) and the `top` device ops by total time."""
+  found = profile_ops(trace_dir)
+  if found[0] is None:
+    return found[1]
+  ops, busy_ns, (first, last) = found
   wall_ms = (last - first) / 1e6 / steps
   rows = [f"device span per step {wall_ms:.1f} ms, kernels busy {busy_ns / 1e6 / steps:.1f} ms "
           f"({busy_ns / max(last - first, 1):.0%} of the span)", "",
           "| op | ms / step | share | calls / step |", "|---|---|---|---|"]
-  for name, (ns, n) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]:
+  for name, (ns, n, _) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]:
     rows.append(f"| {name[:80]} | {ns / 1e6 / steps:.2f} | {ns / busy_ns:.1%} | {n / steps:g} |")
   return "\n".join(rows)
