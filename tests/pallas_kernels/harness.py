@@ -440,3 +440,12 @@ class DeviceSuite:
   @pytest.mark.parametrize("K,V", [(128, 128), (64, 256)])
   def test_bf16_long(self, K, V):
     check_op(self.CASE, T=4096, H=2, K=K, V=V, dtype="bfloat16", backend=self.BACKEND, B=1)
+
+
+def triton_kernel_count(f, *args) -> int:
+  """How many Triton kernels `jit(f)(*args)` launches when lowered for CUDA (no GPU needed): proves
+  a GPU kernel lowers through Pallas' Triton path on a CPU host, and that no stage fell back to XLA."""
+  from jax import export
+  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  module = export.export(jax.jit(f), platforms=("cuda",), disabled_checks=checks)(*args)
+  return module.mlir_module().count("__gpu$xla.gpu.triton")

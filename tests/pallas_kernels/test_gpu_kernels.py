@@ -82,7 +82,6 @@ def test_decode_kernel_vjp_equals_chunk_kernel_vjp(case):
 def test_kernels_lower_to_triton():
   """Every GPU kernel goes through Pallas' Triton lowering on CPU (jax.export for CUDA): catches
   constructs the lowering rejects before a GPU run; PTX compilation happens only on a GPU."""
-  from jax import export
   sd = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt)
   B, T, H, K, V = 1, 128, 2, 64, 64
   x = (sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V), sd(B, T, H, dt=jnp.float32),
@@ -103,10 +102,8 @@ def test_kernels_lower_to_triton():
                                   x[:4] + (cu,)),
       "simple gla recurrent": (lambda *a: SGLA_G.fused_recurrent(*a, backend="gpu"), x[:4]),
   }
-  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   for name, (f, args) in ops.items():
-    module = export.export(jax.jit(f), platforms=("cuda",), disabled_checks=checks)(*args).mlir_module()
-    assert "xla.gpu.triton" in module, name
+    assert harness.triton_kernel_count(f, *args) >= 1, name
 
 
 def test_wide_values_run_as_column_slices(monkeypatch):

@@ -45,7 +45,6 @@ def test_kernels_lower_to_triton():
   """Forward, forward+backward (dense and varlen, every output differentiated) and decode go
   through Pallas' Triton lowering on CPU (jax.export for CUDA): catches constructs the lowering
   rejects before a GPU run; PTX compilation happens only on a GPU."""
-  from jax import export
   sd = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt)
   B, T, H, K, V = 1, 128, 2, 64, 32
   x = (sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V), sd(B, T, H, dt=jnp.float32),
@@ -65,10 +64,8 @@ def test_kernels_lower_to_triton():
       "decode varlen": (lambda *a: MLSTM.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"),
                         x + (cu,), 1),
   }
-  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   for name, (f, args, kernels) in ops.items():
-    module = export.export(jax.jit(f), platforms=("cuda",), disabled_checks=checks)(*args)
-    assert module.mlir_module().count("__gpu$xla.gpu.triton") == kernels, name
+    assert harness.triton_kernel_count(f, *args) == kernels, name
 
 
 def test_unsupported_inputs_fall_back_or_raise():

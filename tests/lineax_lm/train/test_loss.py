@@ -79,15 +79,14 @@ def _assert_same_grads(grads_f, grads):
 @pytest.mark.slow  # two train-step compiles per case
 @pytest.mark.parametrize("kind", ["packed", "masked"])
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 1), (4, 1, 1, 2)], ids=["1dev", "data4_tensor2"])
-def test_optimised_step_equals_plain_step(kind, mesh_shape):
-  """The optimised step (fused chunked loss, layers scanned in pairs of a GDN and an attention
-  block) against the plain one (float32 logits, a loop over the layers): loss and gradients."""
+def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
+  """The fused chunked loss against float32 logits: loss and gradients of the whole step (the
+  scanned layers are checked against the loop in tests/lineax_lm/models/test_hybrid.py)."""
   # Per device 8 / 4 = 2 rows (or 8 on one device) of 32 positions; chunks of 5 positions: the
   # last chunk overlaps the one before it.
   rows = 8 // mesh_shape[0]
-  grads, loss, correct, count = _sums_and_grads(mesh_shape, 0, kind, num_layers=4, scan_layers=False)
-  grads_f, loss_f, correct_f, count_f = _sums_and_grads(mesh_shape, 5 * rows, kind, num_layers=4,
-                                                        scan_layers=True)
+  grads, loss, correct, count = _sums_and_grads(mesh_shape, 0, kind)
+  grads_f, loss_f, correct_f, count_f = _sums_and_grads(mesh_shape, 5 * rows, kind)
   np.testing.assert_allclose(loss_f, loss, rtol=1e-5)
   assert correct_f == correct and count_f == count
   _assert_same_grads(grads_f, grads)
