@@ -69,22 +69,33 @@ AUTO = False
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
-LEVELS = tuple(CHUNK >> i for i in range(1, CHUNK.bit_length()))  # 32, 16, ..., 1
+N_LEVELS = CHUNK.bit_length() - 1  # s = C/2, C/4, ..., 1
+
+
+def _over_levels(body, carry):
+  """carry = body(s, carry) for s = C/2, ..., 1 as a `fori_loop` (s traced): one copy of the level
+  code (a short Triton compile), and no level's gathers or masks hoisted beside another's (the
+  registers of one level at a time)."""
+  def step(_, c):
+    s, inner = c
+    return s // 2, body(s, inner)
+  return lax.fori_loop(0, N_LEVELS, step, (jnp.int32(CHUNK // 2), carry))[1]
 
 
 def _level_decay(g_ref, G, s, cols):
   """exp(-|G_t - G_m(t)|) [C, BK] of the gates G = g_ref[:, cols]: each row's decay to the middle
   row m(t) of its 2s-row segment at level s (exp(G_t - G_m) in the second half, exp(G_m - G_t) in
   the first; the absolute value also keeps a cumsum's rounding from making an exponent positive)."""
-  t = iota((G.shape[0],), 0)
-  middle = (t // (2 * s)) * (2 * s) + s
+  middle = (iota((G.shape[0],), 0) & (-2 * s)) + s   # s a power of two
   return jnp.exp(-jnp.abs(G - g_ref[middle, cols]))
 
 
 def _level_pairs(s):
-  """[C, C] mask of the pairs j < i of level s: one 2s-row segment, different halves."""
+  """[C, C] mask of the pairs j < i of level s: one 2s-row segment, different halves (s the highest
+  bit in which i and j differ)."""
   i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
-  return (i // (2 * s) == j // (2 * s)) & (i // s != j // s) & (i > j)
+  differ = i ^ j
+  return (i > j) & (differ >= s) & (differ < 2 * s)
 
 
 def _diagonal():
@@ -102,18 +113,19 @@ def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref,
     A, P = carry
     cols = pl.ds(pl.multiple_of(i * bk, bk), bk)
     q, k, G = q_ref[:, cols], k_ref[:, cols], g_ref[:, cols]
-    qf, kf = q.astype(F32), k.astype(F32)
     # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
-    qg_ref[:, cols] = (qf * (jnp.exp(G) * scale)).astype(dt)
-    kg_ref[:, cols] = (kf * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
+    qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
+    kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
     P += jnp.where(_diagonal(), dot_nt(q, k, prec), 0.0)
-    for s in LEVELS:
+
+    def level(s, AP):
       E = _level_decay(g_ref, G, s, cols)
-      qE, kE = (qf * E).astype(dt), (kf * E).astype(dt)
+      qE, kE = (q.astype(F32) * E).astype(dt), (k.astype(F32) * E).astype(dt)
       pairs = _level_pairs(s)
-      A += jnp.where(pairs, dot_nt(kE, kE, prec), 0.0)
-      P += jnp.where(pairs, dot_nt(qE, kE, prec), 0.0)
-    return A, P
+      return (AP[0] + jnp.where(pairs, dot_nt(kE, kE, prec), 0.0),
+              AP[1] + jnp.where(pairs, dot_nt(qE, kE, prec), 0.0))
+
+    return _over_levels(level, (A, P))
 
   zero = jnp.zeros((C, C), F32)
   A, P = lax.fori_loop(0, K // bk, key_tile, (zero, zero))
@@ -233,25 +245,26 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   dt = q_ref.dtype
   prec = precision(dt)
   q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
-  qf, kf = q.astype(F32), k.astype(F32)
-  bkf = kf * beta[:, None]
   dP, dA = dp_ref[...].astype(dt), da_ref[...].astype(dt)
   dP_diag = jnp.where(_diagonal(), dP, 0)
-  dq = dot(dP_diag, k, prec)
-  dkc = dot_tn(dP_diag, q, prec)
-  RA = jnp.zeros_like(dq)
-  for s in LEVELS:
+
+  def level(s, acc):
+    dq, RA, dkc = acc
     E = _level_decay(g_ref, G, s, slice(None))
-    qE, kE, bkE = (qf * E).astype(dt), (kf * E).astype(dt), (bkf * E).astype(dt)
+    kE = k.astype(F32) * E
+    qE, bkE, kE = (q.astype(F32) * E).astype(dt), (kE * beta[:, None]).astype(dt), kE.astype(dt)
     pairs = _level_pairs(s)
     dPs, dAs = jnp.where(pairs, dP, 0), jnp.where(pairs, dA, 0)
-    dq += E * dot(dPs, kE, prec)
-    RA += E * dot(dAs, kE, prec)
-    dkc += E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec))
+    return (dq + E * dot(dPs, kE, prec), RA + E * dot(dAs, kE, prec),
+            dkc + E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec)))
+
+  dq, RA, dkc = _over_levels(level, (dot(dP_diag, k, prec), jnp.zeros(q.shape, F32),
+                                     dot_tn(dP_diag, q, prec)))
+  qf, kf = q_ref[...].astype(F32), k_ref[...].astype(F32)
   dq_ref[...] = (dq1_ref[...] + dq).astype(dq_ref.dtype)
   dk_ref[...] = (dkw_ref[...] + beta[:, None] * RA + dkc).astype(dk_ref.dtype)
   db_ref[...] = jnp.sum(kf * RA, axis=1)
-  dG = dgw_ref[...] + qf * dq + bkf * RA - kf * dkc
+  dG = dgw_ref[...] + qf * dq + (kf * beta[:, None]) * RA - kf * dkc
   dg_ref[...] = jnp.sum(dG, axis=0)[None, :] - jnp.cumsum(dG, axis=0) + dG
 
 
