@@ -14,7 +14,7 @@ are taken relative to the segment's middle row m (the first row of its second ha
 exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j), both factors exp(-|G_t - G_m|) <= 1 as G does not
 increase within a chunk, so each row's operand at that level is one exp of its distance to its
 own segment's m (`_level_decay`, m gathered from the gate ref per row) and the level's dot is
-masked to its pairs (`_level_pairs`); the diagonal i = j has no decay. No exponent is ever
+masked to its pairs (`_pair_levels`); the diagonal i = j has no decay. No exponent is ever
 positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue
 #701), and every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal
 block, no 3-D [i, j, channel] product). The backward takes the same levels.
@@ -90,12 +90,15 @@ def _level_decay(g_ref, G, s, cols):
   return jnp.exp(-jnp.abs(G - g_ref[middle, cols]))
 
 
-def _level_pairs(s):
-  """[C, C] mask of the pairs j < i of level s: one 2s-row segment, different halves (s the highest
-  bit in which i and j differ)."""
+def _pair_levels():
+  """[C, C] int32: the level s of each pair j < i (the highest bit in which i and j differ: one
+  2s-row segment holds both, in different halves), 0 on and above the diagonal; a level's pairs
+  are `_pair_levels() == s` (one compare, this computed once per kernel)."""
   i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
-  differ = i ^ j
-  return (i > j) & (differ >= s) & (differ < 2 * s)
+  x = i ^ j
+  for shift in (1, 2, 4):
+    x = x | (x >> shift)
+  return jnp.where(i > j, x - (x >> 1), 0)
 
 
 def _diagonal():
@@ -105,30 +108,38 @@ def _diagonal():
 # --- 1. the scores by levels ----------------------------------------------------------------------
 
 def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref, *, scale, bk):
+  """Each level's dots summed over the key tiles first, then placed by the level's mask once."""
   C, K = k_ref.shape
   dt = k_ref.dtype
   prec = precision(dt)
+  n_tiles = K // bk
+  tile = lambda i: pl.ds(pl.multiple_of(i * bk, bk), bk)
+  zero = jnp.zeros((C, C), F32)
 
-  def key_tile(i, carry):
-    A, P = carry
-    cols = pl.ds(pl.multiple_of(i * bk, bk), bk)
+  def gate_tile(i, qk):
+    cols = tile(i)
     q, k, G = q_ref[:, cols], k_ref[:, cols], g_ref[:, cols]
     # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
     qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
     kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
-    P += jnp.where(_diagonal(), dot_nt(q, k, prec), 0.0)
+    return qk + dot_nt(q, k, prec)
 
-    def level(s, AP):
-      E = _level_decay(g_ref, G, s, cols)
-      qE, kE = (q.astype(F32) * E).astype(dt), (k.astype(F32) * E).astype(dt)
-      pairs = _level_pairs(s)
-      return (AP[0] + jnp.where(pairs, dot_nt(kE, kE, prec), 0.0),
-              AP[1] + jnp.where(pairs, dot_nt(qE, kE, prec), 0.0))
+  P = jnp.where(_diagonal(), lax.fori_loop(0, n_tiles, gate_tile, zero), 0.0)
+  levels = _pair_levels()
 
-    return _over_levels(level, (A, P))
+  def level(s, AP):
+    def key_tile(i, sums):
+      cols = tile(i)
+      E = _level_decay(g_ref, g_ref[:, cols], s, cols)
+      qE = (q_ref[:, cols].astype(F32) * E).astype(dt)
+      kE = (k_ref[:, cols].astype(F32) * E).astype(dt)
+      return sums[0] + dot_nt(kE, kE, prec), sums[1] + dot_nt(qE, kE, prec)
 
-  zero = jnp.zeros((C, C), F32)
-  A, P = lax.fori_loop(0, K // bk, key_tile, (zero, zero))
+    kk, qk = lax.fori_loop(0, n_tiles, key_tile, (zero, zero))
+    pairs = levels == s
+    return jnp.where(pairs, kk, AP[0]), jnp.where(pairs, qk, AP[1])
+
+  A, P = _over_levels(level, (zero, P))
   a_ref[...] = A * b_ref[...][:, None]
   p_ref[...] = (P * scale).astype(p_ref.dtype)
 
@@ -247,13 +258,14 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
   dP, dA = dp_ref[...].astype(dt), da_ref[...].astype(dt)
   dP_diag = jnp.where(_diagonal(), dP, 0)
+  levels = _pair_levels()
 
   def level(s, acc):
     dq, RA, dkc = acc
     E = _level_decay(g_ref, G, s, slice(None))
     kE = k.astype(F32) * E
     qE, bkE, kE = (q.astype(F32) * E).astype(dt), (kE * beta[:, None]).astype(dt), kE.astype(dt)
-    pairs = _level_pairs(s)
+    pairs = levels == s
     dPs, dAs = jnp.where(pairs, dP, 0), jnp.where(pairs, dA, 0)
     return (dq + E * dot(dPs, kE, prec), RA + E * dot(dAs, kE, prec),
             dkc + E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec)))
