@@ -35,7 +35,7 @@ backward (residuals: the inputs, w, u, T, P, qg and kg; the states are recompute
   6. `chunk_dqk.dqk_pass`     the state parts of dq, dk and dG, and dw = -dv' h^T.
   7a. `_bwd_wy`               grid (NT, B*H): back through w, u and T: dv, dbeta's and dk's and
                               dG's parts, and the score gradients dA = -T^T dT T^T (strictly lower)
-                              and dP = scale do v'^T (lower), float32 in HBM.
+                              and dP = scale do v'^T (lower), in the input dtype.
   7b. `_bwd_scores`           grid (K/BK, NT, B*H): back through A and P by levels: the rest of dq,
                               dk, dbeta, and dg, the reverse chunk-local cumsum of dG.
 
@@ -199,39 +199,39 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du
                    dg1_ref, dv_ref, db_ref, dk_ref, dg_ref, da_ref, dp_ref, *, scale, bv):
   """w = T kb with kb = beta exp(G) k, u = T (beta v), T = (I + A)^-1 (the forward's, input
   dtype): dv, dbeta's and dk's and dG's parts through w and u (added to the state parts dk1, dg1,
-  whose buffers the outputs reuse), and the score gradients for 7b, float32: dA = -T^T dT T^T
-  (strictly lower) and dP = scale do v'^T (lower)."""
+  whose buffers the outputs reuse), and the score gradients for 7b in the input dtype (7b's dot
+  operands): dA = -T^T dT T^T (strictly lower) and dP = scale do v'^T (lower)."""
   C = CHUNK
-  k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
-  dt = k.dtype
+  Tc, beta = t_ref[...], b_ref[...]
+  dt = Tc.dtype
   prec = precision(dt)
-  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
   dP = jnp.zeros((C, C), F32)
   for j in range(v_ref.shape[1] // bv):
     vs = pl.ds(j * bv, bv)
     dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
-  e_G = jnp.exp(G)
-  kb = k.astype(F32) * (beta[:, None] * e_G)
+  dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0).astype(dp_ref.dtype)
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
+  k, e_G = k_ref[...].astype(F32), jnp.exp(g_ref[...])
+  kb = k * (beta[:, None] * e_G)
   dw = dw_ref[...]
   dkb = dot_tn(Tc, dw, prec)                          # T^T dw
   dT += dot_nt(dw, kb.astype(dt), prec)
   dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
-  da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0)
-  dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0)
-  db_ref[...] = dbeta + jnp.sum(dkb * k.astype(F32) * e_G, axis=1)
+  da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0).astype(da_ref.dtype)
+  db_ref[...] = dbeta + jnp.sum(dkb * k * e_G, axis=1)
   dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * e_G)
   dg_ref[...] = dg1_ref[...] + dkb * kb
 
 
 def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
   """Returns dv (input dtype), dbeta's WY part [B, H, T], dk and dG with their WY parts added (in
-  dk1's and dG1's buffers, float32) and the score gradients dA, dP [B, T, H, C] (float32)."""
+  dk1's and dG1's buffers, float32) and the score gradients dA, dP [B, T, H, C] (input dtype)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_bwd_wy_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
   tok_k, tok_v, rows = sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)
-  scores = sds((B, T, H, CHUNK), F32)
+  scores = sds((B, T, H, CHUNK), k.dtype)
   return launch(kern, (sp.NT, B * H),
                [tok_k, tok_v, sp.chunk_gate(K), sp.chunk_gate(), rows, tok_v, tok_v, tok_k, tok_v,
                 tok_k, tok_k],
@@ -256,7 +256,7 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   dt = q_ref.dtype
   prec = precision(dt)
   q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
-  dP, dA = dp_ref[...].astype(dt), da_ref[...].astype(dt)
+  dP, dA = dp_ref[...], da_ref[...]
   dP_diag = jnp.where(_diagonal(), dP, 0)
   levels = _pair_levels()
 
