@@ -128,11 +128,10 @@ def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref,
   levels = _pair_levels()
 
   def level(s, AP):
-    def key_tile(i, sums):
+    def key_tile(i, sums):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
       cols = tile(i)
       E = _level_decay(g_ref, g_ref[:, cols], s, cols)
-      qE = (q_ref[:, cols].astype(F32) * E).astype(dt)
-      kE = (k_ref[:, cols].astype(F32) * E).astype(dt)
+      qE, kE = q_ref[:, cols].astype(F32) * E, k_ref[:, cols].astype(F32) * E
       return sums[0] + dot_nt(kE, kE, prec), sums[1] + dot_nt(qE, kE, prec)
 
     kk, qk = lax.fori_loop(0, n_tiles, key_tile, (zero, zero))
