@@ -210,16 +210,17 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du
     dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
   dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0).astype(dp_ref.dtype)
   dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
-  k, e_G = k_ref[...].astype(F32), jnp.exp(g_ref[...])
-  kb = k * (beta[:, None] * e_G)
+  ke = k_ref[...].astype(F32) * jnp.exp(g_ref[...])
+  kb = ke * beta[:, None]
   dw = dw_ref[...]
-  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
   dT += dot_nt(dw, kb.astype(dt), prec)
+  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
+  db_ref[...] = dbeta + jnp.sum(dkb * ke, axis=1)
+  dg_ref[...] = dg1_ref[...] + dkb * kb
+  # exp(G) again rather than held beside the other [C, K] operands (fewer registers)
+  dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * jnp.exp(g_ref[...]))
   dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
   da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0).astype(da_ref.dtype)
-  db_ref[...] = dbeta + jnp.sum(dkb * k * e_G, axis=1)
-  dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * e_G)
-  dg_ref[...] = dg1_ref[...] + dkb * kb
 
 
 def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
