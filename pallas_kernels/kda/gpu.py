@@ -17,11 +17,12 @@ own segment's m (`_level_decay`, m gathered from the gate ref per row) and the l
 masked to its pairs (`_pair_levels`); the diagonal i = j has no decay. No exponent is ever
 positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue
 #701), and every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal
-block, no 3-D [i, j, channel] product). The backward takes the same levels.
+block, no 3-D [i, j, channel] product): the forward's on float32 operands (tf32 for 16-bit inputs,
+as fla's intra-chunk dots), the backward's in the input dtype. The backward takes the same levels.
 
 forward
-  1. `_scores_fwd`            grid (NT, B*H), a loop over key tiles of BK: A (float32) and P (input
-                              dtype) by levels, and the gated qg = scale exp(G) q,
+  1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A (float32)
+                              and P (input dtype), and the gated qg = scale exp(G) q,
                               kg = exp(G_C - G) k the state passes read (their serial loops then
                               do no [C, K] exps).
   2. `_wy_fwd`                grid (NT, B*H): A's 16 x 16 blocks from HBM, T = (I + A)^-1
