@@ -7,31 +7,38 @@ decays do not factor out of the intra-chunk products, so both score matrices of 
   A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)   (j < i: the WY/UT system (I + A) U = ...)
   P_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)    (j <= i: the output's intra-chunk scores)
 
-are formed in 16-row sub-chunks: a block p of rows against the keys of earlier blocks is one dot
-with both sides taken relative to the block's first row r, exp(G_i - G_r) and exp(G_r - G_j), both
-<= 1; the diagonal 16 x 16 block goes key by key, last to first, with its decays
-exp(G_i - G_j) = exp(G_i - G_{j+1}) exp(G_{j+1} - G_j) (`_diagonal_decay`). No exponent is ever
+are formed by levels, each a full-chunk [C, BK] x [BK, C] dot. At level s (32, 16, ..., 1) the
+chunk splits into segments of 2s rows, and a pair j < i belongs to the level whose segment holds
+both in different halves (one level per pair: the highest bit in which i and j differ). Both sides
+are taken relative to the segment's middle row m (the first row of its second half):
+exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j), both factors exp(-|G_t - G_m|) <= 1 as G does not
+increase within a chunk, so each row's operand at that level is one exp of its distance to its
+own segment's m (`_level_decay`, m gathered from the gate ref per row) and the level's dot is
+masked to its pairs (`_pair_levels`); the diagonal i = j has no decay. No exponent is ever
 positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue
-#701). The backward takes the same factorisation in reverse.
+#701), and every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal
+block, no 3-D [i, j, channel] product): the forward's on float32 operands (tf32 for 16-bit inputs,
+as fla's intra-chunk dots), the backward's in the input dtype. The backward takes the same levels.
 
 forward
-  1. `_wy_fwd`                grid (NT, B*H): A and P by sub-chunks, T = (I + A)^-1 (float32, by
-                              common/gpu/kernel_math's block inverse), w = T (beta exp(G) k),
-                              u = T (beta v), and the gated qg = scale exp(G) q, kg = exp(G_C - G) k
-                              the state passes read (their serial loops then do no [C, K] exps);
-                              all in the input dtype.
-  2. `chunk_state.state_pass` (per-channel gates, P given): v' = u - w S;  o = qg S + P v';
+  1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A (float32)
+                              and P (input dtype), and the gated qg = scale exp(G) q,
+                              kg = exp(G_C - G) k the state passes read (their serial loops then
+                              do no [C, K] exps).
+  2. `_wy_fwd`                grid (NT, B*H): A's 16 x 16 blocks from HBM, T = (I + A)^-1
+                              (float32, by common/gpu/kernel_math's block inverse),
+                              w = T (beta exp(G) k), u = T (beta v), in the input dtype.
+  3. `chunk_state.state_pass` (per-channel gates, P given): v' = u - w S;  o = qg S + P v';
                               S = diag(exp(G_C)) S + kg^T v'.
 backward (residuals: the inputs, w, u, T, P, qg and kg; the states are recomputed)
-  3. `chunk_state.state_pass` the chunk-start states h and v'.
-  4. `chunk_dh.dh_pass`       dh, dv' = P^T do + kg dh, d initial_state.
-  5. `chunk_dqk.dqk_pass`     the state parts of dq, dk and dG, and dw = -dv' h^T.
-  6a. `_bwd_wy`               grid (NT, B*H): back through w, u and T: dv, dbeta's and dk's and
+  4. `chunk_state.state_pass` the chunk-start states h and v'.
+  5. `chunk_dh.dh_pass`       dh, dv' = P^T do + kg dh, d initial_state.
+  6. `chunk_dqk.dqk_pass`     the state parts of dq, dk and dG, and dw = -dv' h^T.
+  7a. `_bwd_wy`               grid (NT, B*H): back through w, u and T: dv, dbeta's and dk's and
                               dG's parts, and the score gradients dA = -T^T dT T^T (strictly lower)
-                              and dP = scale do v'^T (lower), float32 in HBM.
-  6b. `_bwd_scores`           grid (K/16, NT, B*H): back through A and P by sub-chunks (their row
-                              and column blocks read from refs): the rest of dq, dk, dbeta, and dg,
-                              the reverse chunk-local cumsum of dG.
+                              and dP = scale do v'^T (lower), in the input dtype.
+  7b. `_bwd_scores`           grid (K/BK, NT, B*H): back through A and P by levels: the rest of dq,
+                              dk, dbeta, and dg, the reverse chunk-local cumsum of dG.
 
 Supported as the gated delta rule's kernels (common/gpu/layout.py's `run_chunked`): any B, T, H;
 K and V up to 256 (a wider V as slices); bf16, f16 and f32; initial / final state and cu_seqlens.
@@ -50,7 +57,8 @@ from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, lower_mask, precision)
+                                                   dot_tn, iota, lower_mask, precision,
+                                                   scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule.gpu import back_through_u
 from pallas_kernels.kda import reference
@@ -62,131 +70,169 @@ AUTO = False
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
-_NEG = -jnp.inf
+N_LEVELS = CHUNK.bit_length() - 1  # s = C/2, C/4, ..., 1
 
 
-def _masked_exp(mask, x):
-  """exp(x) where mask, else 0, masked before the exp (x may be positive off the mask)."""
-  return jnp.exp(jnp.where(mask, x, _NEG))
+def _over_levels(body, carry):
+  """carry = body(s, carry) for s = C/2, ..., 1 as a `fori_loop` (s traced): one copy of the level
+  code (a short Triton compile), and no level's gathers or masks hoisted beside another's (the
+  registers of one level at a time)."""
+  def step(_, c):
+    s, inner = c
+    return s // 2, body(s, inner)
+  return lax.fori_loop(0, N_LEVELS, step, (jnp.int32(CHUNK // 2), carry))[1]
 
 
-def _diagonal_decays(G):
-  """exp(G_i - G_j) [16, 16, D] (i, j, channel) of a 16-row block's gates G [16, D], zero for j > i
-  (masked before the exp): the diagonal block of the scores, all pairs at once."""
-  causal = (iota((SUB, SUB), 0) >= iota((SUB, SUB), 1))[:, :, None]
-  return _masked_exp(causal, G[:, None, :] - G[None, :, :])
+def _level_decay(g_ref, G, s, cols):
+  """exp(-|G_t - G_m(t)|) [C, BK] of the gates G = g_ref[:, cols]: each row's decay to the middle
+  row m(t) of its 2s-row segment at level s (exp(G_t - G_m) in the second half, exp(G_m - G_t) in
+  the first; the absolute value also keeps a cumsum's rounding from making an exponent positive)."""
+  middle = (iota((G.shape[0],), 0) & (-2 * s)) + s   # s a power of two
+  return jnp.exp(-jnp.abs(G - g_ref[middle, cols]))
 
 
-# --- 1. the sub-chunk scores and the WY/UT transform ----------------------------------------------
+def _pair_levels():
+  """[C, C] int32: the level s of each pair j < i (the highest bit in which i and j differ: one
+  2s-row segment holds both, in different halves), 0 on and above the diagonal; a level's pairs
+  are `_pair_levels() == s` (one compare, this computed once per kernel)."""
+  i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
+  x = i ^ j
+  for shift in (1, 2, 4):
+    x = x | (x >> shift)
+  return jnp.where(i > j, x - (x >> 1), 0)
 
-def _wy_fwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, p_ref, qg_ref, kg_ref, *,
-                   scale):
+
+def _diagonal():
+  return iota((CHUNK, CHUNK), 0) == iota((CHUNK, CHUNK), 1)
+
+
+# --- 1. the scores by levels ----------------------------------------------------------------------
+
+def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref, *, scale, bk):
+  """Each level's dots summed over the key tiles first, then placed by the level's mask once."""
   C, K = k_ref.shape
-  n = C // SUB
+  dt = k_ref.dtype
+  prec = precision(dt)
+  n_tiles = K // bk
+  tile = lambda i: pl.ds(pl.multiple_of(i * bk, bk), bk)
+  zero = jnp.zeros((C, C), F32)
+
+  def gate_tile(i, qk):
+    cols = tile(i)
+    q, k, G = q_ref[:, cols], k_ref[:, cols], g_ref[:, cols]
+    # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
+    qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
+    kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
+    return qk + dot_nt(q, k, prec)
+
+  P = jnp.where(_diagonal(), lax.fori_loop(0, n_tiles, gate_tile, zero), 0.0)
+  levels = _pair_levels()
+
+  def level(s, AP):
+    def key_tile(i, sums):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
+      cols = tile(i)
+      E = _level_decay(g_ref, g_ref[:, cols], s, cols)
+      qE, kE = q_ref[:, cols].astype(F32) * E, k_ref[:, cols].astype(F32) * E
+      return sums[0] + dot_nt(kE, kE, prec), sums[1] + dot_nt(qE, kE, prec)
+
+    kk, qk = lax.fori_loop(0, n_tiles, key_tile, (zero, zero))
+    pairs = levels == s
+    return jnp.where(pairs, kk, AP[0]), jnp.where(pairs, qk, AP[1])
+
+  A, P = _over_levels(level, (zero, P))
+  a_ref[...] = A * b_ref[...][:, None]
+  p_ref[...] = (P * scale).astype(p_ref.dtype)
+
+
+def _scores_fwd(q, k, G, beta, st: Static):
+  """Returns A [B, T, H, C] (float32, strictly lower, beta in), P [B, T, H, C] (lower, the scale
+  in) and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (input dtype)."""
+  B, T, H, K = k.shape
+  sp = Specs(H, CHUNK, T)
+  kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=min(st.cfg.bk_scores, K))
+  tok_k, rows = sp.chunk_tok(K), sp.chunk_tok(CHUNK)
+  return launch(kern, (sp.NT, B * H), [tok_k, tok_k, sp.chunk_gate(K), sp.chunk_gate()],
+               [rows, rows, tok_k, tok_k],
+               [sds((B, T, H, CHUNK), F32), sds((B, T, H, CHUNK), k.dtype), sds(k.shape, k.dtype),
+                sds(k.shape, k.dtype)], st, st.cfg.warps_scores_fwd, st.cfg.stages_chunk)(
+                    q, k, G, beta)
+
+
+# --- 2. the WY/UT transform -----------------------------------------------------------------------
+
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref):
+  n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
   dt = k_ref.dtype
   prec = precision(dt)
-  ks = [k_ref[r, :] for r in rows]
-  Gs = [g_ref[r, :] for r in rows]
-  bs = [b_ref[r] for r in rows]
-  A = [[None] * n for _ in range(n)]
-  P = [[None] * n for _ in range(n)]
-  g_end = g_ref[C - 1, :][None, :]
-  for p in range(n):
-    # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
-    qg_ref[rows[p], :] = (q_ref[rows[p], :].astype(F32) * (jnp.exp(Gs[p]) * scale)).astype(dt)
-    kg_ref[rows[p], :] = (ks[p].astype(F32) * jnp.exp(g_end - Gs[p])).astype(dt)
-    if p:  # the keys of blocks q < p, both sides relative to the block's first row r
-      g_r = g_ref[p * SUB, :][None, :]
-      e_p = jnp.exp(Gs[p] - g_r)
-      qa = (q_ref[rows[p], :].astype(F32) * e_p).astype(dt)
-      ka = (ks[p].astype(F32) * e_p).astype(dt)
-      for q in range(p):
-        kb = (ks[q].astype(F32) * jnp.exp(g_r - Gs[q])).astype(dt)
-        A[p][q] = dot_nt(ka, kb, prec) * bs[p][:, None]
-        P[p][q] = dot_nt(qa, kb, prec) * scale
-    # the diagonal block, 16 key channels at a time: [16, 16, 16] products summed over channels
-    # (a loop, not unrolled: one copy of the 3-D code per block keeps the Triton compile short)
-    def diagonal(c, carry, rows=rows[p]):
-      Ad, Pd = carry
-      cs = pl.ds(pl.multiple_of(c * SUB, SUB), SUB)
-      kc, qc = k_ref[rows, cs].astype(F32), q_ref[rows, cs].astype(F32)
-      kE = kc[None, :, :] * _diagonal_decays(g_ref[rows, cs])
-      return (Ad + jnp.sum(kc[:, None, :] * kE, axis=2), Pd + jnp.sum(qc[:, None, :] * kE, axis=2))
-
-    zero = jnp.zeros((SUB, SUB), F32)
-    Ad, Pd = lax.fori_loop(0, K // SUB, diagonal, (zero, zero))
-    A[p][p] = jnp.where(lower_mask(SUB, strict=True), Ad, 0.0) * bs[p][:, None]
-    P[p][p] = Pd * scale
+  A = [[a_ref[rows[p], rows[q]] for q in range(p + 1)] for p in range(n)]
   T = block_unit_lower_inverse(A, prec)
-  kb = [(ks[q].astype(F32) * (bs[q][:, None] * jnp.exp(Gs[q]))).astype(dt) for q in range(n)]
-  vb = [(v_ref[rows[q], :].astype(F32) * bs[q][:, None]).astype(dt) for q in range(n)]
+  bs = [b_ref[r] for r in rows]
+  kb = [(k_ref[r, :].astype(F32) * (bs[q][:, None] * jnp.exp(g_ref[r, :]))).astype(dt)
+        for q, r in enumerate(rows)]
+  vb = [scale_rows(v_ref[r, :], bs[q], dt) for q, r in enumerate(rows)]
   zero = jnp.zeros((SUB, SUB), dt)
   for p in range(n):
     Tp = [T[p][q].astype(dt) for q in range(p + 1)]
     for q in range(n):
       t_ref[rows[p], rows[q]] = Tp[q] if q <= p else zero
-      p_ref[rows[p], rows[q]] = P[p][q].astype(dt) if q <= p else zero
     w_ref[rows[p], :] = sum(dot(Tp[q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
     u_ref[rows[p], :] = sum(dot(Tp[q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
 
 
-def _wy_fwd(q, k, v, G, beta, st: Static):
-  """Returns w [B, T, H, K], u [B, T, H, V], the chunk inverses T and the scores P [B, T, H, C],
-  and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (all in the input dtype)."""
+def _wy_fwd(k, v, G, beta, A, st: Static):
+  """Returns w [B, T, H, K], u [B, T, H, V] and the chunk inverses T [B, T, H, C] (input dtype)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_wy_fwd_kernel, scale=st.scale)
-  chunk_rows = sds((B, T, H, CHUNK), k.dtype)
-  return launch(kern, (sp.NT, B * H),
-               [sp.chunk_tok(K), sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(K), sp.chunk_gate()],
-               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK), sp.chunk_tok(CHUNK),
-                sp.chunk_tok(K), sp.chunk_tok(K)],
-               [sds(k.shape, k.dtype), sds(v.shape, k.dtype), chunk_rows, chunk_rows,
-                sds(k.shape, k.dtype), sds(k.shape, k.dtype)], st,
-               st.cfg.warps_wy_channel, st.cfg.stages_chunk)(q, k, v, G, beta)
+  rows = sp.chunk_tok(CHUNK)
+  return launch(_wy_fwd_kernel, (sp.NT, B * H),
+               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(K), sp.chunk_gate(), rows],
+               [sp.chunk_tok(K), sp.chunk_tok(V), rows],
+               [sds(k.shape, k.dtype), sds(v.shape, k.dtype), sds((B, T, H, CHUNK), k.dtype)], st,
+               st.cfg.warps_wy_channel, st.cfg.stages_chunk)(k, v, G, beta, A)
 
 
-# --- 6a. back through the WY/UT transform ---------------------------------------------------------
+# --- 7a. back through the WY/UT transform ---------------------------------------------------------
 
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du_ref, dk1_ref,
                    dg1_ref, dv_ref, db_ref, dk_ref, dg_ref, da_ref, dp_ref, *, scale, bv):
   """w = T kb with kb = beta exp(G) k, u = T (beta v), T = (I + A)^-1 (the forward's, input
   dtype): dv, dbeta's and dk's and dG's parts through w and u (added to the state parts dk1, dg1,
-  whose buffers the outputs reuse), and the score gradients for 6b, float32: dA = -T^T dT T^T
-  (strictly lower) and dP = scale do v'^T (lower)."""
+  whose buffers the outputs reuse), and the score gradients for 7b in the input dtype (7b's dot
+  operands): dA = -T^T dT T^T (strictly lower) and dP = scale do v'^T (lower)."""
   C = CHUNK
-  k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
-  dt = k.dtype
+  Tc, beta = t_ref[...], b_ref[...]
+  dt = Tc.dtype
   prec = precision(dt)
-  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
   dP = jnp.zeros((C, C), F32)
   for j in range(v_ref.shape[1] // bv):
     vs = pl.ds(j * bv, bv)
     dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
-  e_G = jnp.exp(G)
-  kb = k.astype(F32) * (beta[:, None] * e_G)
+  dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0).astype(dp_ref.dtype)
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
+  ke = k_ref[...].astype(F32) * jnp.exp(g_ref[...])
+  kb = ke * beta[:, None]
   dw = dw_ref[...]
-  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
   dT += dot_nt(dw, kb.astype(dt), prec)
-  dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
-  da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0)
-  dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0)
-  db_ref[...] = dbeta + jnp.sum(dkb * k.astype(F32) * e_G, axis=1)
-  dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * e_G)
+  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
+  db_ref[...] = dbeta + jnp.sum(dkb * ke, axis=1)
   dg_ref[...] = dg1_ref[...] + dkb * kb
+  # exp(G) again rather than held beside the other [C, K] operands (fewer registers)
+  dk_ref[...] = dk1_ref[...] + dkb * (beta[:, None] * jnp.exp(g_ref[...]))
+  dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
+  da_ref[...] = jnp.where(lower_mask(C, strict=True), dA, 0.0).astype(da_ref.dtype)
 
 
 def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
   """Returns dv (input dtype), dbeta's WY part [B, H, T], dk and dG with their WY parts added (in
-  dk1's and dG1's buffers, float32) and the score gradients dA, dP [B, T, H, C] (float32)."""
+  dk1's and dG1's buffers, float32) and the score gradients dA, dP [B, T, H, C] (input dtype)."""
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_bwd_wy_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
   tok_k, tok_v, rows = sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)
-  scores = sds((B, T, H, CHUNK), F32)
+  scores = sds((B, T, H, CHUNK), k.dtype)
   return launch(kern, (sp.NT, B * H),
                [tok_k, tok_v, sp.chunk_gate(K), sp.chunk_gate(), rows, tok_v, tok_v, tok_k, tok_v,
                 tok_k, tok_k],
@@ -197,61 +243,42 @@ def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
                    k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1)
 
 
-# --- 6b. back through the sub-chunk scores ---------------------------------------------------------
+# --- 7b. back through the scores by levels --------------------------------------------------------
 
 def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_ref, dgw_ref,
                        dq_ref, dk_ref, dg_ref, db_ref):
   """One chunk and key tile. A score matrix M_ij = sum_c a_ic b_jc exp(G_ic - G_jc) (P: a = q with
   the scale in dP; A: a = beta k; b = k for both) sends its gradient dM to the row side
   sum_j dM_ij b_j exp(G_i - G_j) (dq; RA, A's, which gives dk and dbeta) and to the column side
-  sum_i dM_ij a_i exp(G_i - G_j) (dk), in the forward's factorisation: per 16-row block, the
-  earlier (later) blocks through dots relative to its first (last) row, the diagonal block as
-  [16, 16, BK] products. Exact per channel, so dq and dk are final, and dg, the reverse chunk-local
-  cumsum of dG (the blocks go last to first, `later_dG` carrying the sum of the blocks after); dbeta
-  is this tile's part."""
-  C, BK = k_ref.shape
-  n = C // SUB
+  sum_i dM_ij a_i exp(G_i - G_j) (dk), by the forward's levels: at level s, with E its
+  `_level_decay`, the row side E * (dM_s (b E)) and the column side E * (dM_s^T (a E)), dM_s
+  masked to the level's pairs; the diagonal without decay. Exact per channel, so dq and dk are
+  final, and dg, the reverse chunk-local cumsum of dG, is taken here; dbeta is this tile's part."""
   dt = q_ref.dtype
   prec = precision(dt)
-  tok_row = iota((C, BK), 0)
+  q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
+  dP, dA = dp_ref[...], da_ref[...]
+  dP_diag = jnp.where(_diagonal(), dP, 0)
+  levels = _pair_levels()
 
-  def block(i, later_dG):
-    """Block p = n - 1 - i; its first block's row side and its last's column side are all masked
-    (zeros), so one loop body serves every block (one copy of the code: a short Triton compile)."""
-    r0 = pl.multiple_of((n - 1 - i) * SUB, SUB)
-    r1 = r0 + SUB - 1
-    rows = pl.ds(r0, SUB)
-    q, kp, Gp, bp = q_ref[rows, :].astype(F32), k_ref[rows, :].astype(F32), g_ref[rows, :], b_ref[rows]
-    bq = kp * bp[:, None]
-    # row side, the keys of earlier blocks relative to the first row r0
-    g_r = g_ref[r0, :][None, :]
-    kr = (k_ref[...].astype(F32) * _masked_exp(tok_row < r0, g_r - g_ref[...])).astype(dt)
-    e_p = jnp.exp(Gp - g_r)
-    dq = dot(dp_ref[rows, :].astype(dt), kr, prec) * e_p
-    RA = dot(da_ref[rows, :].astype(dt), kr, prec) * e_p
-    # column side, the queries of later blocks relative to the last row r1
-    g_e = g_ref[r1, :][None, :]
-    after = _masked_exp(tok_row > r1, g_ref[...] - g_e)
-    qa = (q_ref[...].astype(F32) * after).astype(dt)
-    ba = (k_ref[...].astype(F32) * (after * b_ref[...][:, None])).astype(dt)
-    dkc = (dot_tn(dp_ref[:, rows].astype(dt), qa, prec)
-           + dot_tn(da_ref[:, rows].astype(dt), ba, prec)) * jnp.exp(g_e - Gp)
-    # the diagonal block
-    E = _diagonal_decays(Gp)                             # [i, j, channel]
-    XP = dp_ref[rows, rows][:, :, None] * E              # dP_ij exp(G_i - G_j)
-    XA = da_ref[rows, rows][:, :, None] * E
-    dq += jnp.sum(XP * kp[None, :, :], axis=1)
-    RA += jnp.sum(XA * kp[None, :, :], axis=1)
-    dkc += jnp.sum(XP * q[:, None, :] + XA * bq[:, None, :], axis=0)
-    dq_ref[rows, :] = (dq1_ref[rows, :] + dq).astype(dq_ref.dtype)
-    dk_ref[rows, :] = (dkw_ref[rows, :] + bp[:, None] * RA + dkc).astype(dk_ref.dtype)
-    db_ref[rows] = jnp.sum(kp * RA, axis=1)
-    dG = dgw_ref[rows, :] + q * dq + bq * RA - kp * dkc
-    total = jnp.sum(dG, axis=0)[None, :]
-    dg_ref[rows, :] = later_dG + total - jnp.cumsum(dG, axis=0) + dG
-    return later_dG + total
+  def level(s, acc):
+    dq, RA, dkc = acc
+    E = _level_decay(g_ref, G, s, slice(None))
+    kE = k.astype(F32) * E
+    qE, bkE, kE = (q.astype(F32) * E).astype(dt), (kE * beta[:, None]).astype(dt), kE.astype(dt)
+    pairs = levels == s
+    dPs, dAs = jnp.where(pairs, dP, 0), jnp.where(pairs, dA, 0)
+    return (dq + E * dot(dPs, kE, prec), RA + E * dot(dAs, kE, prec),
+            dkc + E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec)))
 
-  lax.fori_loop(0, n, block, jnp.zeros((1, BK), F32))
+  dq, RA, dkc = _over_levels(level, (dot(dP_diag, k, prec), jnp.zeros(q.shape, F32),
+                                     dot_tn(dP_diag, q, prec)))
+  qf, kf = q_ref[...].astype(F32), k_ref[...].astype(F32)
+  dq_ref[...] = (dq1_ref[...] + dq).astype(dq_ref.dtype)
+  dk_ref[...] = (dkw_ref[...] + beta[:, None] * RA + dkc).astype(dk_ref.dtype)
+  db_ref[...] = jnp.sum(kf * RA, axis=1)
+  dG = dgw_ref[...] + qf * dq + (kf * beta[:, None]) * RA - kf * dkc
+  dg_ref[...] = jnp.sum(dG, axis=0)[None, :] - jnp.cumsum(dG, axis=0) + dG
 
 
 def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
@@ -286,7 +313,8 @@ def _chunk_kda(st: Static, q, k, v, g, beta, h0, starts, ends):
 
 def _chunk_kda_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK, axis=1)
-  w, u, Tinv, P, qg, kg = _wy_fwd(q, k, v, G, beta, st)
+  A, P, qg, kg = _scores_fwd(q, k, G, beta, st)
+  w, u, Tinv = _wy_fwd(k, v, G, beta, A, st)
   o, ht = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
   return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends)
 

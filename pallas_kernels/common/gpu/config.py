@@ -22,8 +22,9 @@ class Config(NamedTuple):
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   warps_wy_channel: int = 4      # the per-channel-gate WY/UT kernels (kda/gpu.py): forward
   warps_wy_channel_bwd: int = 8  # and backward
-  bk_scores: int = 16     # key tile (grid axis) of the per-channel score-gradient kernel
-  warps_scores: int = 4
+  bk_scores: int = 32     # key tile of the per-channel score kernels (the gradient's grid axis)
+  warps_scores: int = 8      # the per-channel score-gradient kernel
+  warps_scores_fwd: int = 8  # the per-channel score kernel of the forward
 
 
 DEFAULT = Config()
