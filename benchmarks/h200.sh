@@ -4,6 +4,8 @@
 #   bash benchmarks/h200.sh [ops.py arguments...]      e.g. --ops gla,hgrn --backends gpu
 # Env: TESTS   test files of the `gpu` tests ("none" skips; default: tests/), TESTS_K a -k expression
 #      FLA_OPS fla's ops to time (benchmarks/fla_ops.py names; "" skips fla), FLA_SHAPES (BxT list)
+#      TEST_WORKERS pytest-xdist processes for the tests (default 8: each test compiles its own
+#      kernels on the host CPU, ~9 s a test, 178 tests; the GPU is shared, not preallocated)
 #      T_TESTS, T_OPS, T_FLA: time limits in seconds.
 # fla needs .fla/ with the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0 (git-ignored;
 # `pip download --no-deps` them). fla autotunes every kernel on a fresh machine (minutes per op
@@ -13,8 +15,13 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+# The lineax_lm tests import grain & co.: wheels in .whl/ (git-ignored) install where the host has none.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if [ "${TESTS:-}" != "none" ]; then
-  timeout "${T_TESTS:-200}" python3 -m pytest -q -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
+  timeout "${T_TESTS:-200}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
     --durations=5 -p no:cacheprovider \
     > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
   grep -E "passed|failed|Error" "$OUT/tests.log" | tail -n 8
