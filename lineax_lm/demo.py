@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import sys
 import time
 
 import jax
@@ -74,6 +76,9 @@ def main(argv=None):
     print(f"\n== {NAMES[variant]} ({variant}) ==", flush=True)
     start = time.perf_counter()
     summary = train_and_evaluate(config, os.path.join(a.workdir, variant))
+    if summary.get("stopped_by"):  # the run saved its step; a signal ends the demo, not one model
+      print(f"stopped by {summary['stopped_by']}: rerun the same command to resume", flush=True)
+      sys.exit(128 + signal.Signals[summary["stopped_by"]].value)
     model = ModelConfig.from_config(config.model)
     rows.append(dict(name=NAMES[variant], layers=model.num_layers, attention=len(model.attention_indices),
                      params=summary["num_params"], accuracy=summary.get("eval_accuracy", float("nan")),
