@@ -1,5 +1,7 @@
 """Test setup: 8 fake CPU devices for the sharding tests, GPU tests only where a GPU is."""
 import os
+import shutil
+import tempfile
 
 # 8 fake CPU devices for the sharding tests; LLVM optimisation off halves the compile time that
 # dominates the suite on CPU (the tests' programs are small; numerics are unchanged).
@@ -8,6 +10,19 @@ for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimiz
   if _flag.split("=")[0] not in _flags:
     _flags += " " + _flag
 os.environ["XLA_FLAGS"] = _flags.strip()
+
+# One persistent compilation cache per test run, shared by the xdist workers: many tests compile the
+# same small programs (every Trainer of tiny_config, a resumed run's step, the subprocess CLIs), and
+# a hit is a file read instead of an XLA compile. Only programs that take jax's default 1 s or more
+# to compile are written, so the many small kernel programs are not serialised. Entries are keyed on
+# the program, the flags and the jax version, so a hit is the same executable; a fresh directory
+# per run (removed at its end) keeps a run's timings those of a clean clone.
+_OWNS_CACHE = "LINEAX_LM_TEST_JAX_CACHE" not in os.environ  # the controller; workers inherit it
+os.environ.setdefault("LINEAX_LM_TEST_JAX_CACHE",
+                      os.path.join(tempfile.gettempdir(), f"lineax_lm_tests_jax_cache_{os.getpid()}"))
+_CACHE = os.environ["LINEAX_LM_TEST_JAX_CACHE"]
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -20,3 +35,8 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+def pytest_sessionfinish(session):
+  if _OWNS_CACHE:
+    shutil.rmtree(_CACHE, ignore_errors=True)
