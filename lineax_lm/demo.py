@@ -85,7 +85,8 @@ def main(argv=None):
                      seconds=time.perf_counter() - start))
   table = write_report(rows, a.workdir)
   print("\nMQAR recall accuracy (held-out examples):\n" + table)
-  print(f"\nresults: {a.workdir}/results.md, {a.workdir}/recall.png; checkpoints under {a.workdir}/<variant>/")
+  written = [n for n in ("results.md", "recall.png") if os.path.exists(os.path.join(a.workdir, n))]
+  print(f"\nresults: {', '.join(f'{a.workdir}/{n}' for n in written)}; checkpoints under {a.workdir}/<variant>/")
 
 
 if __name__ == "__main__":
