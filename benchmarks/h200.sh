@@ -21,6 +21,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ "${TESTS:-}" != "none" ]; then
+  # shellcheck disable=SC2086  # TESTS is a list of paths: split on purpose
   timeout "${T_TESTS:-200}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
     --durations=5 -p no:cacheprovider \
     > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
