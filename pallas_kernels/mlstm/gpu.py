@@ -51,6 +51,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import suffix_sum
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
+from pallas_kernels.common.gpu.fused_recurrent import decode_specs
 from pallas_kernels.common.gpu.kernel_math import F32
 from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, chunk_cumsum, compiler_params,
                                               next_pow2, pad_axis, sds)
@@ -293,11 +294,7 @@ def _decode(q, k, v, lf, ig, C0, n0, m0, cu_seqlens, *, scale, interpret, cfg):
   bv = min(cfg.bv_decode, V)
   NV = V // bv
   is_varlen = cu_seqlens is not None
-  seq = (lambda nh: 0) if is_varlen else (lambda nh: nh // H)  # the batch row of program nh
-  tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
-                                      lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
-  row = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
-  state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
+  tok, row, state = decode_specs(T, H, K, bv, is_varlen)
   vec = lambda D, per_tile: pl.BlockSpec(
       ((None,) if per_tile else ()) + (None, None, D),
       lambda nh, iv: ((iv,) if per_tile else ()) + (nh // H, nh % H, 0))

@@ -49,6 +49,19 @@ def _kernel(*refs, scale: float, delta: bool, is_varlen: bool, H: int):
   ht_ref[...] = lax.fori_loop(lo, hi, body, h0_ref[...].astype(F32))
 
 
+def decode_specs(T, H, K, bv, is_varlen):
+  """The block specs of a decode grid (N * H, V / bv), program (nh, iv) walking head nh % H of
+  sequence nh // H (with cu_seqlens, B == 1: every program reads row 0): `tok(D, tiled)` a token
+  input [B, T, H, D] (tiled: its iv-th bv slice), `row` a per-head gate [B, H, T], `state` the
+  [K, bv] tile of a state [N, H, K, V]."""
+  seq = (lambda nh: 0) if is_varlen else (lambda nh: nh // H)  # the batch row of program nh
+  tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
+                                      lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
+  row = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
+  state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
+  return tok, row, state
+
+
 def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
   """Padded inputs (K, V powers of two); g [B, H, T] or (per channel) [B, T, H, K] and beta
   [B, H, T] float32. Returns (o, final state)."""
@@ -56,11 +69,7 @@ def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
   V, N = v.shape[-1], h0.shape[0]
   bv = min(BV, V)
   is_varlen = cu_seqlens is not None
-  seq = (lambda nh: 0) if is_varlen else (lambda nh: nh // H)  # the batch row of program nh
-  tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
-                                      lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
-  gate = pl.BlockSpec((None, None, T), lambda nh, iv: (seq(nh), nh % H, 0))
-  state = pl.BlockSpec((None, None, K, bv), lambda nh, iv: (nh // H, nh % H, 0, iv))
+  tok, gate, state = decode_specs(T, H, K, bv, is_varlen)
   in_specs = [tok(K, False), tok(K, False), tok(bv, True), tok(K, False) if g.ndim == 4 else gate,
               gate, state]
   args = [q, k, v, g, beta, h0]
