@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import time
 
@@ -21,7 +20,7 @@ import jax
 
 from lineax_lm.extras import available
 from lineax_lm.models.hybrid import ModelConfig
-from lineax_lm.train.trainer import train_and_evaluate
+from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
          "transformer": "Transformer"}
@@ -75,10 +74,12 @@ def main(argv=None):
       config.model.dtype = "bfloat16"
     print(f"\n== {NAMES[variant]} ({variant}) ==", flush=True)
     start = time.perf_counter()
-    summary = train_and_evaluate(config, os.path.join(a.workdir, variant))
-    if summary.get("stopped_by"):  # the run saved its step; a signal ends the demo, not one model
-      print(f"stopped by {summary['stopped_by']}: rerun the same command to resume", flush=True)
-      sys.exit(128 + signal.Signals[summary["stopped_by"]].value)
+    run_dir = os.path.join(a.workdir, variant)
+    try:
+      summary = raise_if_interrupted(train_and_evaluate(config, run_dir), run_dir)
+    except Interrupted as stop:  # a signal ends the demo, not one model
+      print(stop, flush=True)
+      sys.exit(128 + stop.signal.value)
     model = ModelConfig.from_config(config.model)
     rows.append(dict(name=NAMES[variant], layers=model.num_layers, attention=len(model.attention_indices),
                      params=summary["num_params"], accuracy=summary.get("eval_accuracy", float("nan")),

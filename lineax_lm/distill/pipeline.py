@@ -41,15 +41,11 @@ from lineax_lm.eval import report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
 from lineax_lm.train import checkpoint
 from lineax_lm.train.config import base_config
-from lineax_lm.train.trainer import Objective, Trainer, train_and_evaluate
+from lineax_lm.train.trainer import Objective, Trainer, raise_if_interrupted, train_and_evaluate
 
 log = logging.getLogger("lineax_lm")
 STAGES = ("layer", "block", "e2e", "sft")
 TRAINABLE = ("mixers", "linear_blocks", "all")
-
-
-class Interrupted(RuntimeError):
-  """A stage stopped early on SIGTERM / SIGINT (its state is saved; rerunning resumes it)."""
 
 
 @dataclasses.dataclass
@@ -222,11 +218,9 @@ def distill(config, workdir: str) -> dict:
     else:
       init = stage_params(config, previous, st, workdir)
     log.info("stage %s: %d steps in %s", stage, config.stages[stage].steps, stage_dir(workdir, stage))
-    result = train_and_evaluate(stage_config(config, stage, st), stage_dir(workdir, stage),
-                                objective(config, stage, st, teacher_params, init))
-    if result.get("stopped_by"):
-      raise Interrupted(f"stage {stage} stopped by {result['stopped_by']} at step {result['step']} "
-                        f"(saved in {stage_dir(workdir, stage)}); rerun the same command to resume")
+    raise_if_interrupted(train_and_evaluate(stage_config(config, stage, st), stage_dir(workdir, stage),
+                                            objective(config, stage, st, teacher_params, init)),
+                         stage_dir(workdir, stage))
     previous, trained = stage, True
   if previous is None:
     raise ValueError("config.stages: every stage has steps = 0; nothing to distil")

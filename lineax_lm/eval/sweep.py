@@ -84,21 +84,20 @@ def point_costs(config) -> dict:
 
 
 def run_point(point: dict, workdir: str) -> dict:
-  """Trains one point (resuming if interrupted) unless its result.json exists; returns the result."""
-  from lineax_lm.train.trainer import train_and_evaluate
+  """Trains one point (resuming if interrupted) unless its result.json exists; returns the result.
+  A signal during training raises trainer.Interrupted before any result.json is written."""
+  from lineax_lm.train.trainer import raise_if_interrupted, train_and_evaluate
   pdir = os.path.join(workdir, "points", point["name"])
   path = os.path.join(pdir, "result.json")
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)
   start = time.time()
-  summary = train_and_evaluate(point["config"], pdir)
+  summary = raise_if_interrupted(train_and_evaluate(point["config"], pdir), pdir)  # a signal ends the sweep
   result = {k: point[k] for k in ("name", "label", "mixer", "width", "lr", "seed", "attn_ratio")}
   result.update(accuracy=summary.get("eval_accuracy"), eval_loss=summary.get("eval_loss"),
                 train_loss=summary.get("loss"), steps=summary.get("step"),
                 seconds=round(time.time() - start, 1), **point_costs(point["config"]))
-  if summary.get("stopped_by"):
-    return result            # interrupted: no result.json, the rerun resumes it
   os.makedirs(pdir, exist_ok=True)
   report.write_json(path, result)
   return result

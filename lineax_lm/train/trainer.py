@@ -42,6 +42,24 @@ class TrainingStopped(RuntimeError):
   """Raised when training stops on a non-finite loss (after saving the last good state)."""
 
 
+class Interrupted(RuntimeError):
+  """A run that SIGTERM / SIGINT stopped after saving its step (`train_and_evaluate`'s summary has
+  `stopped_by`). `train_and_evaluate` returns such a run; commands that train several in a row
+  (the demo, a sweep, the distillation stages) raise this through `raise_if_interrupted`, so a
+  signal ends the command, not just the run it arrived in. Rerunning the command resumes."""
+
+  def __init__(self, summary: dict, workdir: str):
+    self.signal = signal.Signals[summary["stopped_by"]]
+    super().__init__(f"stopped by {self.signal.name} at step {summary.get('step')} (saved in "
+                     f"{workdir}); rerun the same command to resume")
+
+
+def raise_if_interrupted(summary: dict, workdir: str) -> dict:
+  if summary.get("stopped_by"):
+    raise Interrupted(summary, workdir)
+  return summary
+
+
 # ------------------------------------------------------------------------------ config checks
 def validate_config(config, mesh) -> ModelConfig:
   """Fails before anything compiles, naming the config field that is wrong."""

@@ -114,3 +114,17 @@ def test_report_writes_atomically(tmp_path):
     pass
   with open(path) as f:
     assert json.load(f) == {"a": 1}       # the failed write left the old file whole
+
+
+def test_a_signal_ends_the_sweep_not_one_point(tmp_path, monkeypatch):
+  from lineax_lm.train import trainer
+  started = []
+
+  def interrupted_run(config, workdir):
+    started.append(workdir)
+    return {"stopped_by": "SIGTERM", "step": 2}
+
+  monkeypatch.setattr(trainer, "train_and_evaluate", interrupted_run)
+  with pytest.raises(trainer.Interrupted, match="rerun the same command to resume"):
+    sweep.run_sweep(tiny_sweep(), str(tmp_path), progress=False)
+  assert len(started) == 1 and not os.path.exists(os.path.join(started[0], "result.json"))
