@@ -63,11 +63,6 @@ from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_ch
 from pallas_kernels.gated_delta_rule.gpu import back_through_u
 from pallas_kernels.kda import reference
 
-# Opt-in (`backend="gpu"`) until this form of the kernels has been compiled and timed on a GPU:
-# interpret mode proves it correct, not that it compiles quickly or beats the xla path there
-# (benchmarks/NOTES.md). common/dispatch.py reads it.
-AUTO = False
-
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
 N_LEVELS = CHUNK.bit_length() - 1  # s = C/2, C/4, ..., 1

@@ -61,11 +61,6 @@ from pallas_kernels.mlstm.gpu_chunk import (CHUNK, MW, dchunk_pass, dstate_pass,
 from pallas_kernels.mlstm.reference import EPS, MAX_NEG_LOG_NORM
 from pallas_kernels.mlstm.xla import NO_INPUT
 
-# Opt-in (`backend="gpu"`) until this form of the kernels has been compiled and timed on a GPU:
-# interpret mode proves it correct, not that it compiles quickly or beats the xla path there
-# (benchmarks/NOTES.md). common/dispatch.py reads it.
-AUTO = False
-
 
 class Config(NamedTuple):
   """Tile sizes and launch parameters."""

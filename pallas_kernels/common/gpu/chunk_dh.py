@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static
+from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, precision, scale_rows, state_at_flag,
                                                    store_at_flag)
@@ -102,4 +102,4 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
-                st, st.cfg.warps_state, st.cfg.stages_state, aliases)(*args)
+                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel), aliases)(*args)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static
+from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, precision, scale_rows, state_at_flag,
                                                    store_at_flag)
@@ -138,7 +138,7 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
     out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + delta]
     out_shape = [sds((B, sp.NT, H, K, V), k.dtype), sds((B, T, H, V), k.dtype)][:1 + delta]
   outs = launch(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
-                st.cfg.stages_state, aliases)(*args)
+                state_stages(st.cfg, K, per_channel), aliases)(*args)
   if want_o:
     return outs
   return outs[0], (outs[1] if delta else None)

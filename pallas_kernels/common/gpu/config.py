@@ -37,3 +37,11 @@ class Static(NamedTuple):
   is_varlen: bool   # packed sequences (cu_seqlens): states reset at the chunk-aligned boundaries
   interpret: bool
   cfg: Config
+
+
+def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
+  """Pipeline stages of the state / dh passes. Two stages of a per-channel pass's streamed [C, K]
+  tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200 block has
+  (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB; one stage
+  needs 84 / 92 KiB."""
+  return 1 if per_channel and K > 128 else cfg.stages_state
