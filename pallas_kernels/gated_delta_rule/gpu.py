@@ -38,6 +38,7 @@ state, the gates and the inverse are float32.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -73,13 +74,29 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
       A[p][q] = dot_nt(ks[p], ks[q], prec) * L * bs[p][:, None]
   T = block_unit_lower_inverse(A, prec)
   kb = [scale_rows(ks[q], bs[q] * jnp.exp(Gs[q]), dt) for q in range(n)]
-  vb = [scale_rows(v_ref[rows[q], :], bs[q], dt) for q in range(n)]
+  Ts = [[T[p][q].astype(dt) for q in range(p + 1)] for p in range(n)]
   for p in range(n):
-    Tp = [T[p][q].astype(dt) for q in range(p + 1)]
     for q in range(n):
-      t_ref[rows[p], rows[q]] = Tp[q] if q <= p else jnp.zeros((SUB, SUB), dt)
-    w_ref[rows[p], :] = sum(dot(Tp[q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-    u_ref[rows[p], :] = sum(dot(Tp[q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
+      t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else jnp.zeros((SUB, SUB), dt)
+    w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
+  write_u(Ts, bs, v_ref, u_ref)
+
+
+def write_u(Ts, bs, v_ref, u_ref, bv: int = 128):
+  """u = T (beta v) in 16-row blocks (Ts[p][q] the inverse's blocks, input dtype; bs the rows'
+  beta) and value tiles of at most bv: at V = 256 (the context-parallel call carries the K x K
+  transition as K extra value columns) one tile spilled 861 KiB a thread at the forward WY kernel's
+  2 warps and took ptxas 39 s. KDA's forward WY kernel shares it."""
+  dt = Ts[0][0].dtype
+  prec = precision(dt)
+  rows = [pl.ds(p * SUB, SUB) for p in range(len(Ts))]
+  V = v_ref.shape[1]
+  bv = math.gcd(V, bv)
+  for j in range(V // bv):
+    vs = pl.ds(j * bv, bv)
+    vb = [scale_rows(v_ref[r, vs], bs[q], dt) for q, r in enumerate(rows)]
+    for p, r in enumerate(rows):
+      u_ref[r, vs] = sum(dot(Ts[p][q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
 
 
 def _wy_fwd(k, v, G, beta, st: Static):

@@ -60,7 +60,7 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
                                                    dot_tn, iota, lower_mask, precision,
                                                    scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
-from pallas_kernels.gated_delta_rule.gpu import back_through_u
+from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_u
 from pallas_kernels.kda import reference
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
@@ -165,14 +165,13 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref):
   bs = [b_ref[r] for r in rows]
   kb = [(k_ref[r, :].astype(F32) * (bs[q][:, None] * jnp.exp(g_ref[r, :]))).astype(dt)
         for q, r in enumerate(rows)]
-  vb = [scale_rows(v_ref[r, :], bs[q], dt) for q, r in enumerate(rows)]
   zero = jnp.zeros((SUB, SUB), dt)
+  Ts = [[T[p][q].astype(dt) for q in range(p + 1)] for p in range(n)]
   for p in range(n):
-    Tp = [T[p][q].astype(dt) for q in range(p + 1)]
     for q in range(n):
-      t_ref[rows[p], rows[q]] = Tp[q] if q <= p else zero
-    w_ref[rows[p], :] = sum(dot(Tp[q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-    u_ref[rows[p], :] = sum(dot(Tp[q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
+      t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else zero
+    w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
+  write_u(Ts, bs, v_ref, u_ref)
 
 
 def _wy_fwd(k, v, G, beta, A, st: Static):
