@@ -25,7 +25,7 @@ from lineax_lm.models.hybrid import ModelConfig
 from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
-         "transformer": "Transformer"}
+         "transformer": "Transformer (short conv)"}
 
 
 def load_quickstart():
