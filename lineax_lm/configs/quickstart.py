@@ -6,12 +6,12 @@
 
 Variants: gdn (2 Gated DeltaNet layers), linear (2 linear-attention layers), hybrid (3 Gated
 DeltaNet layers then 1 attention layer: 3:1), transformer (2 attention layers with short
-convolutions on q, k and v). The task and sizes
-follow configs/mqar_sweep.py (vocabulary 64, 64 tokens, 12 key-value pairs; width 32, two heads
+convolutions on q, k and v). The task and sizes follow configs/mqar_sweep.py (vocabulary 64, 64 tokens, 12 key-value pairs; width 32, two heads
 of 16 x 16 state per layer, short convolutions on), each variant at the best learning rate of that
-sweep. On 2 CPU cores a variant trains in one to three minutes (the four: ~6 min); expected recall accuracy: the delta
-rule, the hybrid and the Transformer well above linear attention (the table in README.md was
-measured with this config). The same command uses a GPU or TPU when present.
+sweep. On 2 CPU cores a variant trains in one to three minutes on an idle host (the four took 29
+minutes on a shared one); held-out recall accuracy measured with this config (the table in
+README.md): Gated DeltaNet 0.983, linear attention 0.037, the 3:1 hybrid 0.964, the Transformer
+1.000 (0.995 already at step 400). The same command uses a GPU or TPU when present.
 """
 from lineax_lm.models.presets import equal_state_mixer_cfg
 from lineax_lm.train.config import base_config
@@ -22,7 +22,7 @@ VARIANTS = {  # model overrides and learning rate
     "hybrid": (dict(mixer="gated_deltanet", attn_ratio="3:1", num_layers=4), 1.5e-3),
     # Short convolutions on q, k, v, as Zoology's MQAR models put one in front of attention: a key
     # then carries its previous token. Plain attention layers (2 or 4) stayed at 0.08-0.12 recall in
-    # this budget at learning rates 1e-3 to 1e-2: no previous-token head formed.
+    # this budget (learning rate 3e-3 or 1e-2, init std 0.02 or 0.1): no previous-token head formed.
     "transformer": (dict(mixer="gated_deltanet", attn_ratio="transformer", num_layers=2,
                          attn_short_conv=True), 3e-3),
 }
