@@ -4,13 +4,15 @@
 
 Each variant of the quickstart config (lineax_lm/configs/quickstart.py) trains with lineax_lm.train in its own subfolder of the
 workdir (checkpoints, TensorBoard events, metrics.jsonl; rerunning resumes or skips finished runs),
-then the table of held-out MQAR accuracy is printed and written to <workdir>/results.md with a bar
-chart in <workdir>/recall.png. On 2 CPU cores the four take several minutes; a GPU or TPU is used
-when present.
+then the table of held-out MQAR accuracy is printed and written to <workdir>/results.md, with a bar
+chart of it in <workdir>/recall.png and the training loss and held-out recall of each model against
+the step (from each run's metrics.jsonl) in <workdir>/curves.png. On 2 CPU cores the four take
+several minutes; a GPU or TPU is used when present.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -23,12 +25,43 @@ from lineax_lm.models.hybrid import ModelConfig
 from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
-         "transformer": "Transformer"}
+         "transformer": "Transformer (short conv)"}
 
 
 def load_quickstart():
   from lineax_lm.configs import quickstart
   return quickstart
+
+
+def read_metrics(run_dir):
+  """The rows of <run_dir>/metrics.jsonl (the trainer's scalars, one row per logged step), [] when
+  there is none."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def curve(metrics, name):
+  """(steps, values) of scalar `name` in metrics.jsonl rows."""
+  points = [(r["step"], r[name]) for r in metrics if name in r]
+  return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_curves(rows, path, plt):
+  """Training loss and held-out recall against the step, one line per model."""
+  fig, (loss_ax, recall_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+  for r in rows:
+    metrics = read_metrics(r["workdir"])
+    loss_ax.plot(*curve(metrics, "loss"), label=r["name"])
+    recall_ax.plot(*curve(metrics, "eval_accuracy"), marker=".", label=r["name"])
+  loss_ax.set(xlabel="step", ylabel="training loss (cross-entropy on the values)")
+  recall_ax.set(xlabel="step", ylabel="MQAR recall accuracy (held-out)", ylim=(0, 1))
+  recall_ax.legend(loc="center right", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def write_report(rows, workdir):
@@ -41,7 +74,7 @@ def write_report(rows, workdir):
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(f"# Quickstart: MQAR recall (held-out examples)\n\n{table}\n")
   if not available("matplotlib"):
-    print("(no recall.png: plotting needs matplotlib, pip install 'lineax-lm[plot]')")
+    print("(no recall.png, curves.png: plotting needs matplotlib, pip install 'lineax-lm[plot]')")
     return table
   import matplotlib
   matplotlib.use("Agg")
@@ -54,6 +87,7 @@ def write_report(rows, workdir):
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, "recall.png"), dpi=120)
   plt.close(fig)
+  plot_curves(rows, os.path.join(workdir, "curves.png"), plt)
   return table
 
 
@@ -81,12 +115,12 @@ def main(argv=None):
       print(stop, flush=True)
       sys.exit(128 + stop.signal.value)
     model = ModelConfig.from_config(config.model)
-    rows.append(dict(name=NAMES[variant], layers=model.num_layers, attention=len(model.attention_indices),
+    rows.append(dict(name=NAMES[variant], workdir=run_dir, layers=model.num_layers, attention=len(model.attention_indices),
                      params=summary["num_params"], accuracy=summary.get("eval_accuracy", float("nan")),
                      seconds=time.perf_counter() - start))
   table = write_report(rows, a.workdir)
   print("\nMQAR recall accuracy (held-out examples):\n" + table)
-  written = [n for n in ("results.md", "recall.png") if os.path.exists(os.path.join(a.workdir, n))]
+  written = [n for n in ("results.md", "recall.png", "curves.png") if os.path.exists(os.path.join(a.workdir, n))]
   print(f"\nresults: {', '.join(f'{a.workdir}/{n}' for n in written)}; checkpoints under {a.workdir}/<variant>/")
 
 

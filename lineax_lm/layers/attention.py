@@ -4,8 +4,15 @@ layout, theta from the config), optional sliding window, `jax.nn.dot_product_att
 splits the sequence over `context` (training), keys and values are gathered from every slice
 (`context_parallel_attention`).
 
+`use_short_conv` (off by default, so the layer is Llama's) puts a causal depthwise convolution over
+the last `conv_size` tokens on q, k and v, as the linear mixers have (and as Zoology's MQAR models
+put one before attention): a key then carries the tokens just before it, which plain attention
+must first learn a previous-token head for. The convolutions start as the identity (the current
+token's tap 1, the others small), so the layer starts as plain attention.
+
 Cache of one layer: {"k": [B, S, Hkv, Dh], "v": [B, S, Hkv, Dh]} in the activation dtype, S = the
-maximum length; the model says where the new tokens go (`Context.cache_index`).
+maximum length, and with `use_short_conv` "conv": {"q", "k", "v": [B, conv_size - 1, C]} (the
+convolutions' last inputs); the model says where the new tokens go (`Context.cache_index`).
 """
 from __future__ import annotations
 
@@ -17,9 +24,9 @@ from flax import nnx
 from jax import lax
 
 from lineax_lm import sharding
-from lineax_lm.layers.base import ctx_or_default
-from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, rope,
-                                     split_heads)
+from lineax_lm.layers.base import ctx_or_default, reset_ids_of
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, ShortConv, dense, merge_heads,
+                                     rope, split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +95,33 @@ class Attention(nnx.Module):
     self.k_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
     self.v_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
     self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), spec, rngs)
+    # (name, channels) of each convolution: a tuple, as module attributes that are not arrays
+    # are part of the (hashable) graph definition
+    self.conv_channels = (("q", H * self.head_dim), ("k", kv), ("v", kv)) if cfg.use_short_conv else ()
+    for name, channels in self.conv_channels:
+      conv = ShortConv(channels, cfg.conv_size, spec, rngs, bias=cfg.conv_bias, activation=None)
+      conv.weight[...] = conv.weight[...].at[-1].add(1.0)  # the current token's tap: identity start
+      setattr(self, f"{name}_conv1d", conv)
+
+  def _short_conv(self, q, k, v, cache, ctx: Context):
+    """q, k, v [B, L, C] through their convolutions -> (q, k, v, new conv states or None)."""
+    if not self.conv_channels:
+      return q, k, v, None
+    states = {}
+    outs = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+      y, states[name] = getattr(self, f"{name}_conv1d")(
+          x, None if cache is None else cache["conv"][name], reset_ids_of(ctx))
+      outs.append(y)
+    return (*outs, states)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):
     cfg = self.cfg
     ctx = ctx_or_default(x, ctx)
-    q = rope(split_heads(self.q_proj(x), self.head_dim), ctx.positions, cfg.rope_theta)
-    k = rope(split_heads(self.k_proj(x), self.head_dim), ctx.positions, cfg.rope_theta)
-    v = split_heads(self.v_proj(x), self.head_dim)
+    q, k, v, conv = self._short_conv(self.q_proj(x), self.k_proj(x), self.v_proj(x), cache, ctx)
+    q = rope(split_heads(q, self.head_dim), ctx.positions, cfg.rope_theta)
+    k = rope(split_heads(k, self.head_dim), ctx.positions, cfg.rope_theta)
+    v = split_heads(v, self.head_dim)
     L = x.shape[1]
     if cache is not None:
       if ctx.packing is not None:
@@ -102,7 +129,8 @@ class Attention(nnx.Module):
       start = jnp.zeros((), jnp.int32) if ctx.cache_index is None else ctx.cache_index
       idx = (0, start, 0, 0)
       cache = {"k": lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx),
-               "v": lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx)}
+               "v": lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx),
+               **({} if conv is None else {"conv": conv})}
       k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
       mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
       o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
@@ -121,9 +149,15 @@ class Attention(nnx.Module):
   def init_cache(self, batch: int, max_len: int, dtype=None):
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
     dtype = dtype or self.spec.dtype
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    if self.conv_channels:
+      rows = self.cfg.conv_size - 1
+      cache["conv"] = {n: jnp.zeros((batch, rows, c), dtype) for n, c in self.conv_channels}
+    return cache
 
   def cache_bytes(self, context_len: int, dtype=None) -> int:
-    """2 * kv_heads * head_dim * bytes per token, for `context_len` tokens of one sequence."""
+    """2 * kv_heads * head_dim * bytes per token, for `context_len` tokens of one sequence (plus the
+    convolutions' (conv_size - 1) * channels inputs with `use_short_conv`)."""
     itemsize = jnp.dtype(dtype or self.spec.dtype).itemsize
-    return 2 * self.num_kv_heads * self.head_dim * itemsize * context_len
+    conv = (self.cfg.conv_size - 1) * sum(c for _, c in self.conv_channels)
+    return (2 * self.num_kv_heads * self.head_dim * context_len + conv) * itemsize

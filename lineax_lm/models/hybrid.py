@@ -57,6 +57,7 @@ class ModelConfig:
   attn_ratio: str = "pure"                 # "pure" | "transformer" | "attention" | "r:1"
   attn_layers: tuple | None = None         # explicit attention layer indices (override attn_ratio)
   window: int | None = None                # sliding window of the attention layers
+  attn_short_conv: bool = False            # short convolutions on the attention layers' q, k, v
   rope_theta: float = 10000.0
   attn_impl: str | None = None             # jax.nn.dot_product_attention implementation
   norm_eps: float = 1e-6
@@ -109,7 +110,8 @@ class ModelConfig:
   def attention_config(self):
     return mixer_config("attention", num_heads=self.heads, num_kv_heads=self.kv_heads,
                         head_dim=self.head_dim, rope_theta=self.rope_theta, window=self.window,
-                        attn_impl=self.attn_impl, norm_eps=self.norm_eps, backend=self.backend)
+                        attn_impl=self.attn_impl, use_short_conv=self.attn_short_conv,
+                        norm_eps=self.norm_eps, backend=self.backend)
 
 
 def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -> tuple:

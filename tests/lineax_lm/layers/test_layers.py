@@ -86,6 +86,29 @@ def test_attention_is_llama_attention(window):
   np.testing.assert_allclose(np.asarray(y), ref, atol=2e-5, rtol=1e-4)
 
 
+def test_attention_short_conv_convolves_q_k_v_before_attention():
+  """`use_short_conv` on attention was accepted and ignored; now q, k and v are convolved."""
+  layer = make("attention", rope_theta=100000.0, use_short_conv=True)
+  x = inputs()
+  k = lambda m: np.asarray(m.kernel[...], np.float64)
+  xn = np.asarray(x, np.float64)
+  convolved = []
+  for name in ("q", "k", "v"):
+    w = np.asarray(getattr(layer, f"{name}_conv1d").weight[...], np.float64)
+    assert abs(w[-1].mean() - 1.0) < 0.2  # the current token's tap starts near 1: near the identity
+    h = xn @ k(getattr(layer, f"{name}_proj"))
+    hp = np.concatenate([np.zeros((B, 3, h.shape[-1])), h], 1)
+    convolved.append(sum(hp[:, j:j + L] * w[j] for j in range(4)))
+  # the reference attends over the convolved projections: its input, with identity projections
+  identity = [np.eye(64)[:, a:b] for a, b in ((0, 32), (32, 48), (48, 64))]
+  ref = llama_attention_reference(np.concatenate(convolved, -1), *identity, k(layer.o_proj), 4, 2,
+                                  100000.0)
+  y, _ = layer(x)
+  np.testing.assert_allclose(np.asarray(y), ref, atol=2e-5, rtol=1e-4)
+  cache = layer.init_cache(3, 40)
+  assert sum(a.nbytes for a in jax.tree.leaves(cache)) == 3 * layer.cache_bytes(40)
+
+
 def test_short_conv_is_causal_depthwise_conv_and_respects_resets():
   conv = ShortConv(3, 4, LayerSpec(HIDDEN, init_std=1.0), nnx.Rngs(0), activation=None)
   x = inputs((1, 9, 3))

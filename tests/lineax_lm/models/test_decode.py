@@ -47,3 +47,7 @@ def test_decode_matches_full_forward_hybrid_3to1():
   config = tiny_config("gated_deltanet", num_layers=4, attn_ratio="3:1", window=8)
   assert config.attention_indices == (3,)
   decode_matches_full(config)
+
+
+def test_decode_matches_full_forward_attention_with_short_convolutions():
+  decode_matches_full(tiny_config("transformer", attn_short_conv=True))
