@@ -20,7 +20,12 @@ Sections:
             ("" = <workdir>/data; students sharing one dir share them)
   train     the optimizer / logging / checkpoint fields of lineax_lm.train, shared by all stages
   stages    layer, block, e2e, sft: steps (0 skips the stage), lr, warmup_steps, trainable
-            ("mixers" | "linear_blocks" | "all"), and the stage's loss options
+            ("mixers" | "linear_blocks" | "all"), and the stage's loss options. The defaults and
+            why: layer (lr 1e-3, the linear mixers) is a per-layer regression onto the attention
+            output that nothing else moves, so a high lr is safe; block (3e-4, the linear blocks)
+            lets each MLP adapt to its new mixer, starting right; e2e (1e-4, everything) corrects
+            what compounds across layers and gets the most steps. The study's token budget and
+            split: lineax_lm.distill.study.study_config / configs/distill/study.py
   eval      the final evaluation (perplexity, teacher-recovery ratio, needle accuracy, optional
             MQAR recall, forward throughput and lm-eval tasks)
   curve     the maturity curve of the e2e stage (every: steps between scored checkpoints)

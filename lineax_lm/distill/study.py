@@ -37,6 +37,7 @@ from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
 from lineax_lm.distill.pipeline import distill, plot_curves, score_recovery
 from lineax_lm.eval import report
+from lineax_lm.train.trainer import Interrupted
 
 # study name -> (mixer, mixer_cfg overrides); the study's order: xLSTM first, linear attention last.
 STUDENTS = {
@@ -57,16 +58,24 @@ NEEDLE_TASKS = "niah_single,niah_multikey"
 NEEDLE_LENGTHS = (256, 512, 1024, 2048)
 
 
-def stage_steps(tokens: float, tokens_per_step: int) -> dict:
-  """{stage: steps} spending `tokens` per student in STAGE_SHARE proportions (at least 1 each)."""
+def stage_steps(tokens: float, tokens_per_step: int, shares: dict | None = None) -> dict:
+  """{stage: steps} spending `tokens` per student in `shares` proportions (default STAGE_SHARE;
+  at least 1 step for a stage with a share, 0 = the stage is skipped)."""
+  shares = STAGE_SHARE if shares is None else shares
   if tokens <= 0:
     raise ValueError(f"--tokens: must be > 0; got {tokens}")
-  return {s: max(1, round(share * tokens / tokens_per_step)) for s, share in STAGE_SHARE.items()}
+  if set(shares) != set(STAGE_SHARE) or min(shares.values()) < 0 or shares["e2e"] <= 0:
+    raise ValueError(f"--shares: one non-negative share per stage {tuple(STAGE_SHARE)}, e2e's > 0; "
+                     f"got {shares}")
+  total = sum(shares.values())
+  return {s: max(1, round(share / total * tokens / tokens_per_step)) if share else 0
+          for s, share in shares.items()}
 
 
 def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4, seq_len: int = 2048,
                  docs: int = 4096, curve_points: int = 3, needle_examples: int = 16,
-                 recall_examples: int = 64, hybrid: bool = False, runlocal: bool = False):
+                 recall_examples: int = 64, shares: dict | None = None, hybrid: bool = False,
+                 runlocal: bool = False):
   """The distillation config of one study student. The budget is `tokens` per student; stages get
   STAGE_SHARE of it (steps = share * tokens / (batch * seq_len)), warmup 10% of a stage's steps:
 
@@ -98,7 +107,7 @@ def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4
     c.curve.needle_lengths = (max(NEEDLE_LENGTHS),)
   c.data.update(dict(seq_len=seq_len, global_batch_size=batch))
   c.samples.join_tokens = seq_len
-  for stage, steps in stage_steps(tokens, batch * seq_len).items():
+  for stage, steps in stage_steps(tokens, batch * seq_len, shares).items():
     c.stages[stage].update(dict(steps=steps, warmup_steps=max(1, steps // 10)))
   c.eval.update(dict(seq_len=seq_len, needle_tasks=NEEDLE_TASKS, needle_examples=needle_examples,
                      recall_examples=recall_examples, throughput=True))
@@ -116,6 +125,8 @@ def parse_args(argv=None):
   p.add_argument("--tokens", type=float, default=DEFAULT_TOKENS,
                  help="training tokens per student over the three stages (3e9: the study's budget)")
   p.add_argument("--teacher", default="", help="GGUF file or HF directory ('' = the shipped SmolLM2)")
+  p.add_argument("--shares", default=",".join(str(v) for v in STAGE_SHARE.values()),
+                 help="the budget's split over the layer,block,e2e stages (0 skips a stage)")
   p.add_argument("--batch", type=int, default=4, help="rows per step")
   p.add_argument("--seq_len", type=int, default=2048, help="tokens per row = training document length")
   p.add_argument("--docs", type=int, default=4096, help="teacher samples drawn (then joined)")
@@ -141,10 +152,18 @@ def names(text: str, allowed) -> list[str]:
   return out
 
 
+def parse_shares(text: str) -> dict:
+  values = [float(v) for v in text.split(",")]
+  if len(values) != len(STAGE_SHARE):
+    raise ValueError(f"--shares: give {len(STAGE_SHARE)} numbers (layer,block,e2e); got {text!r}")
+  return dict(zip(STAGE_SHARE, values))
+
+
 def config_for(args, student: str):
   c = study_config(student, args.tokens, batch=args.batch, seq_len=args.seq_len, docs=args.docs,
                    curve_points=args.curve_points, needle_examples=args.needle_examples,
-                   recall_examples=args.recall_examples, hybrid=args.hybrid, runlocal=args.runlocal)
+                   recall_examples=args.recall_examples, shares=parse_shares(args.shares),
+                   hybrid=args.hybrid, runlocal=args.runlocal)
   c.teacher.path = args.teacher
   c.samples.dir = os.path.join(args.workdir, "data")
   c.eval.text_paths = distill_data.write_reference_text(
@@ -197,6 +216,16 @@ def main(argv=None) -> dict:
   students = names(args.students, STUDENTS)
   run_now = names(args.only, students) if args.only else students
   summaries, seconds = {}, {}
+  try:
+    run_students(args, students, run_now, summaries, seconds)
+  except Interrupted:  # the table of the students finished so far, then stop (rerun to resume)
+    write_tables(args, summaries, seconds)
+    raise
+  return write_tables(args, summaries, seconds)
+
+
+def run_students(args, students, run_now, summaries: dict, seconds: dict) -> None:
+  """Distils (or reads the evaluation of) each student in order, filling `summaries`."""
   for student in students:
     workdir = os.path.join(args.workdir, student)
     done = finished_summary(workdir)
@@ -213,6 +242,10 @@ def main(argv=None) -> dict:
       if os.path.exists(curve):
         with open(curve, encoding="utf-8") as f:
           summaries[student]["curve"] = json.load(f).get("rows", [])
+
+
+def write_tables(args, summaries: dict, seconds: dict) -> dict:
+  """Prints the tables and writes study.json / study.md / curves.png for `summaries`."""
   if not summaries:
     print("no student has finished yet", flush=True)
     return {}
