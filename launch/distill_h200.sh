@@ -68,7 +68,7 @@ if [ -z "$teacher" ] && [ -z "${RUNLOCAL:-}" ]; then
       mv "$joined.tmp" "$joined" && echo "teacher joined from its pieces: $joined"
     else
       rm -f "$joined.tmp"
-      echo "teacher pieces so far: $(ls "$WORKDIR"/teacher_parts | tr '\n' ' ')(incomplete; bring the rest)"
+      echo "teacher pieces so far:" "$WORKDIR"/teacher_parts/part_* "(incomplete: bring the rest)"
     fi
   fi
   if [ -f "$joined" ]; then

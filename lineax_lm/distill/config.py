@@ -94,6 +94,7 @@ def distill_config(mixer: str = "gated_deltanet", arg: str | None = None) -> ml_
       c.stages[stage].update(dict(steps=steps, lr=lr, warmup_steps=1))
     c.stages.sft.seq_len = 64
     c.eval.update(dict(seq_len=32, batch_size=8, needle_lengths=(384,), needle_examples=4))
+    c.curve.needle_lengths = (384,)
     if "hybrid" in switches:  # the tiny teacher has 2 layers: linear, then attention
       c.student.attn_ratio = "1:1"
   return c
