@@ -182,8 +182,9 @@ def evaluate_models(models: dict, tokenizer, tasks, *, limit: int | None = None,
                     include_path: str | None = None, max_length: int = 2048, batch_size: int = 8,
                     simple_evaluate=None) -> dict:
   """Scores several in-memory models on the same lm-eval tasks with the same settings (one
-  `simple_evaluate` call per model through `LineaxLM`): {name: {task: {metric: value}}}, numeric
-  metrics only (lm-eval's "acc,none" style keys, stderr included).
+  `simple_evaluate` call per model through `LineaxLM`): {name: {task: {metric: value}}}, the
+  numeric "metric,filter" entries only ("acc,none", "acc_stderr,none", ...). Checked with
+  lm-eval 0.4 on a local multiple-choice task (a JSON-lines file and a task YAML in `include_path`).
 
   tasks: comma-separated names or a list; include_path: a folder of local task YAMLs (no download
   for tasks whose data is local); simple_evaluate: lm-eval's `simple_evaluate` by default (needs
@@ -203,8 +204,8 @@ def evaluate_models(models: dict, tokenizer, tasks, *, limit: int | None = None,
   for name, model in models.items():
     lm = LineaxLM(model=model, tokenizer=tokenizer, max_length=max_length, batch_size=batch_size)
     results = simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=task_manager)
-    out[name] = {task: {m: float(v) for m, v in metrics.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out[name] = {task: {m: float(v) for m, v in metrics.items()  # "metric,filter" keys only
+                        if "," in m and isinstance(v, (int, float)) and not isinstance(v, bool)}
                  for task, metrics in results["results"].items()}
   return out
 
