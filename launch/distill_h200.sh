@@ -109,6 +109,8 @@ fi
 grep -E "Interrupted|Error|this invocation" "$WORKDIR/study.log" | tail -n 12
 if [ "$rc" -eq 0 ] && [ -z "${ONLY:-}" ]; then
   cat "$WORKDIR/study.md"; echo "study complete"
+elif [ "$rc" -eq 0 ]; then
+  cat "$WORKDIR/study.md"; echo "finished: $ONLY (the table lists every student finished so far)"
 else
   [ -f "$WORKDIR/study.md" ] && cat "$WORKDIR/study.md"
   echo "not finished (rc=$rc): rerun the same command to resume"
