@@ -44,7 +44,7 @@ for pair in grain:grain array_record:array_record cloudpickle:cloudpickle portpi
             tokenizers:tokenizers safetensors:safetensors; do
   module=${pair%%:*}; wheel=${pair##*:}
   python3 -c "import $module" 2>/dev/null && continue
-  found=$(find .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
+  found=$(find -H .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
   if [ -z "$found" ]; then echo "missing module $module and no .whl/${wheel}-*.whl"; exit 2; fi
   missing+=("$found")
 done
