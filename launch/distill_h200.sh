@@ -102,7 +102,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.
 PY
 if [ -n "${OUT:-}" ]; then
   (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
-    ./*/eval.json ./*/curve.json ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
+    ./*/eval.json ./*/study_done ./*/curve.json ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
     data/teacher_eval.json data/python_reference.txt 2>/dev/null)
   cp "$WORKDIR"/study.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
 fi

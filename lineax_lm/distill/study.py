@@ -18,8 +18,8 @@ needle is inside the training length), batch and learning rates. Each student ru
     through the same adapter call, with per-metric recovery;
   - the maturity curve: the e2e stage keeps a checkpoint every e2e_steps / --curve_points steps and
     each is scored (perplexity recovery, needle at 2,048) against tokens trained (curve.png).
-Resumable: a student with a final evaluation is not rerun (its eval.json is read), an interrupted
-stage resumes from its checkpoint, and a signal (SIGTERM / SIGINT) stops the whole command
+Resumable: a student whose evaluation and curve are complete is not rerun (its eval.json is read),
+an interrupted stage resumes from its checkpoint, and a signal (SIGTERM / SIGINT) stops the command
 (trainer.Interrupted) after the running stage saved. `--only` runs a subset now; the table lists
 every student of `--students` that has finished, so several calls fill one table.
 Writes <workdir>/study.json (table, summaries, curves), study.md (the tables) and curves.png.
@@ -56,6 +56,7 @@ DEFAULT_TOKENS = 2e6
 STUDY_LM_EVAL = "arc_easy,arc_challenge,hellaswag,piqa,winogrande,lambada_openai"
 NEEDLE_TASKS = "niah_single,niah_multikey"
 NEEDLE_LENGTHS = (256, 512, 1024, 2048)
+DONE = "study_done"  # written in a student's folder once its evaluation and curve are complete
 
 
 def stage_steps(tokens: float, tokens_per_step: int, shares: dict | None = None) -> dict:
@@ -199,9 +200,10 @@ def prune_checkpoints(workdir: str) -> None:
 
 def finished_summary(workdir: str) -> dict | None:
   """The student's final evaluation (eval.json after the e2e stage), None when it has not
-  finished. A finished student is not rerun: delete its eval.json to evaluate it again."""
+  finished (no DONE marker: the evaluation or the curve was interrupted). A finished student is not
+  rerun: delete its DONE file to evaluate it again."""
   path = os.path.join(workdir, "eval.json")
-  if not os.path.exists(path):
+  if not os.path.exists(path) or not os.path.exists(os.path.join(workdir, DONE)):
     return None
   with open(path, encoding="utf-8") as f:
     summary = json.load(f)
@@ -236,6 +238,8 @@ def run_students(args, students, run_now, summaries: dict, seconds: dict) -> Non
       print(f"{student}: {seconds[student]:.0f} s (this invocation)", flush=True)
       if not args.keep_checkpoints:
         prune_checkpoints(workdir)
+      with open(os.path.join(workdir, DONE), "w", encoding="utf-8") as f:
+        f.write("evaluation and curve written\n")
     elif done is not None:
       summaries[student] = done
       curve = os.path.join(workdir, "curve.json")
