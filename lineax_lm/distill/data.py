@@ -12,6 +12,19 @@ measured on teacher samples flatters both models (held-out real text, `config.ev
 the fairer test). Diversity comes from sampling (temperature, top-p), from a different seed per
 batch, and from prompts: the document separator then an opener drawn from OPENERS.
 
+Long documents (`samples.join_tokens` > 0, the study's 2,048): the teacher's samples end after a few
+hundred tokens, shorter than the needle and recall contexts the students are scored at. Consecutive
+samples are then joined (blank line between them, no document separator) into documents of at
+least `join_tokens` tokens, so a training row is one document and a student learns to carry its
+state across the whole row. Such a document is several unrelated passages in a row, as a needle
+prompt's haystack is; it is not one long coherent text.
+
+Real held-out text (`write_reference_text`): the Python Language Reference topics that every CPython
+ships (`pydoc_data.topics`, the PSF-licensed reference manual: English technical prose with code),
+written to `<data dir>/python_reference.txt`. Not this project's docs; present on any host that runs
+Python, so nothing is downloaded or carried. The teacher saw web text of this kind (maybe this very
+text) in pretraining, so its perplexity here is low; the students are compared with it on equal terms.
+
 The data stack's tokenizer is the teacher's: its tokenizer.json is written to `<workdir>/data` with a
 tokenizer_config.json naming the document separator (SmolLM2: "<|endoftext|>") as bos, eos and
 pad, so packed documents are separated as in pretraining. A teacher without a tokenizer (the tiny
@@ -88,6 +101,35 @@ def write_jsonl(path: str, texts) -> str:
       json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
 
 
+def join_documents(texts, tokenizer, min_tokens: int, joiner: str = "\n\n") -> list[str]:
+  """Consecutive texts joined by `joiner` into documents of at least `min_tokens` tokens (the last,
+  shorter remainder is dropped). `min_tokens` <= 0 returns the texts unchanged."""
+  if min_tokens <= 0:
+    return list(texts)
+  docs, parts, count = [], [], 0
+  for text in texts:
+    parts.append(text)
+    count += len(tokenizer.encode(text)) + (len(parts) > 1)
+    if count >= min_tokens:
+      docs.append(joiner.join(parts))
+      parts, count = [], 0
+  return docs
+
+
+def write_reference_text(folder: str, max_chars: int | None = None) -> str:
+  """The Python Language Reference topics shipped with CPython (module docstring) as one text file
+  `<folder>/python_reference.txt` (topics in sorted order, the first `max_chars` characters; an
+  existing file is kept). Returns its path (a `config.eval.text_paths` value)."""
+  import pydoc_data.topics  # the stdlib's copy of the reference manual (pydoc's help topics)
+  path = os.path.join(folder, "python_reference.txt")
+  if not os.path.exists(path):
+    os.makedirs(folder, exist_ok=True)
+    topics = pydoc_data.topics.topics
+    text = "\n\n".join(topics[k].strip() for k in sorted(topics))
+    write_atomically(path, lambda f: f.write(text[:max_chars]))
+  return path
+
+
 def ensure_teacher_samples(folder: str, teacher, data_config, samples, stop_ids=()) -> dict[str, str]:
   """`<folder>/train.jsonl` and `<folder>/heldout.jsonl` sampled from the teacher (once; existing
   files are reused). `samples`: the config section (num_docs, heldout_docs, max_new_tokens,
@@ -105,5 +147,9 @@ def ensure_teacher_samples(folder: str, teacher, data_config, samples, stop_ids=
                              batch_size=samples.batch_size, temperature=samples.temperature,
                              top_p=samples.top_p, seed=seed, min_chars=samples.min_chars,
                              stop_ids=stop_ids)
+    texts = join_documents(texts, tokenizer, samples.get("join_tokens", 0))
+    if not texts:
+      raise ValueError(f"config.samples: {n} {split} samples make no document of "
+                       f"{samples.join_tokens} tokens; raise num_docs / heldout_docs")
     write_jsonl(path, texts)
   return paths

@@ -10,6 +10,8 @@ continues from its last checkpoint, teacher samples are reused):
                             metrics.jsonl, tensorboard/); a stage starts from the previous stage's
                             final parameters (stage 1 from `init_student`)
   eval.json                 the final evaluation
+  curve.json, curve.png     the maturity curve (config.curve.every > 0): the kept e2e checkpoints
+                            scored against tokens trained (the plot when matplotlib is present)
 
 Every stage is one `lineax_lm.train.trainer.train_and_evaluate` run with an `Objective`: the stage's
 loss (lineax_lm.distill.losses) with the teacher's parameters as `extra`, the parameters it trains,
@@ -26,9 +28,11 @@ import json
 import logging
 import math
 import os
+import time
 
 import jax
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from lineax_lm import sharding
@@ -123,6 +127,8 @@ def stage_config(config, stage: str, st: Setup) -> ml_collections.ConfigDict:
     c.data.update(dict(paths=s.paths, text_field=s.field, seq_len=s.seq_len))
   c.train = ml_collections.ConfigDict(config.train.to_dict())
   c.train.update(dict(steps=s.steps, lr=s.lr, warmup_steps=s.warmup_steps))
+  if stage == "e2e" and config.curve.every > 0:  # the maturity curve's points: every one kept
+    c.train.update(dict(checkpoint_every=config.curve.every, keep_checkpoints=0))
   c.eval.steps = 0
   c.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
   return c
@@ -163,9 +169,9 @@ def objective(config, stage: str, st: Setup, teacher_params, init_params) -> Obj
   return Objective(loss=loss, extra=teacher_params, init_params=init_params, trainable=trainable)
 
 
-def stage_params(config, stage: str, st: Setup, workdir: str):
-  """A function () -> the final parameters that finished stage `stage` saved, restored with that
-  stage's optimizer layout. The abstract state is built now, outside any mesh context (nnx would
+def stage_params(config, stage: str, st: Setup, workdir: str, step: int | None = None):
+  """A function () -> the parameters that stage `stage` saved at `step` (None: its latest, the
+  final ones of a finished stage), restored with that stage's optimizer layout. The abstract state is built now, outside any mesh context (nnx would
   read the logical axis names as mesh axes inside one); the restore happens when called."""
   cfg = stage_config(config, stage, st)
   trainable = trainable_filter(config.stages[stage].trainable, st.student_cfg)
@@ -175,7 +181,7 @@ def stage_params(config, stage: str, st: Setup, workdir: str):
     with jax.set_mesh(st.mesh):
       mngr = checkpoint.manager(stage_dir(workdir, stage))
       try:
-        return checkpoint.restore(mngr, abstract)[0]["params"]
+        return checkpoint.restore(mngr, abstract, step=step)[0]["params"]
       finally:
         mngr.close()
   return restore
@@ -230,14 +236,37 @@ def distill(config, workdir: str) -> dict:
       summary = json.load(f)
     if summary.get("eval_key") == key and summary.get("final_stage") == previous:
       log.info("evaluation: unchanged since %s, reused", path)
-      return summary
+      return with_curve(config, st, workdir, summary)
   student = nnx.merge(nnx.graphdef(abstract_model(st.student_cfg)),
                       stage_params(config, previous, st, workdir)())
   summary = evaluate(config, st, student)
   summary.update(workdir=workdir, final_stage=previous, mixer=st.student_cfg.mixer,
-                 attn_ratio=st.student_cfg.attn_ratio, eval_key=key)
+                 attn_ratio=st.student_cfg.attn_ratio, eval_key=key,
+                 train_tokens_per_s=train_speeds(workdir))
   report.write_json(path, summary)
+  return with_curve(config, st, workdir, summary)
+
+
+def with_curve(config, st: Setup, workdir: str, summary: dict) -> dict:
+  """The summary with the maturity curve's rows (config.curve.every > 0; not part of eval.json)."""
+  if config.curve.every > 0:
+    summary = {**summary, "curve": maturity_curve(config, st, workdir)}
   return summary
+
+
+def train_speeds(workdir: str) -> dict:
+  """{stage: median logged tokens/s} of the stages run in `workdir` (the first logged window, which
+  holds the compilation, left out when there are others)."""
+  out = {}
+  for stage in STAGES:
+    path = os.path.join(stage_dir(workdir, stage), "metrics.jsonl")
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding="utf-8") as f:
+      speeds = [r["tokens_per_s"] for r in map(json.loads, f) if "tokens_per_s" in r]
+    if speeds:
+      out[stage] = float(np.median(speeds[1:] or speeds))
+  return out
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -265,29 +294,55 @@ def perplexity(config, st: Setup, model, data_cfg) -> float:
     return math.exp(trainer.evaluate(place(nnx.state(model, nnx.Param), st.mesh), batches)["eval_loss"])
 
 
-def model_metrics(config, st: Setup, model) -> dict:
-  """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy}}."""
-  from lineax_lm.eval import ruler  # lazy: the evaluation package is not needed to train
-  e = config.eval
+def model_metrics(config, st: Setup, model, section=None) -> dict:
+  """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy},
+  "recall": {"mqar@length/kv": accuracy}, "forward_tokens_per_s": ...} under the evaluation
+  section `section` (default config.eval; the curve passes a lighter one)."""
+  from lineax_lm.eval import mqar, ruler  # lazy: the evaluation package is not needed to train
+  e = config.eval if section is None else section
   out = {}
-  for name, data_cfg in eval_sets(config, st).items():
+  for name, data_cfg in eval_sets(config, st, e).items():
     out[f"ppl_{name}"] = perplexity(config, st, model, data_cfg)
   if e.needle_examples:
     rows = ruler.evaluate_tasks(model, make_tokenizer(st.data), e.needle_tasks,
                                 lengths=tuple(e.needle_lengths), num_examples=e.needle_examples,
                                 mode=e.needle_mode, batch_size=e.batch_size)
     out["needle"] = {f"{r['task']}@{r['length']}": r["accuracy"] for r in rows}
+  if e.get("recall_examples"):
+    rows = mqar.mqar_grid(model, vocab_size=min(e.recall_vocab, model.config.vocab_size),
+                          seq_lens=tuple(e.recall_lengths), kv_pairs=tuple(e.recall_kv),
+                          num_examples=e.recall_examples, batch_size=e.batch_size)
+    out["recall"] = {f"mqar@{r['seq_len']}/{r['num_kv_pairs']}": r["accuracy"] for r in rows}
+  if e.get("throughput"):
+    out["forward_tokens_per_s"] = forward_tokens_per_s(model, e.batch_size, e.seq_len)
   return out
 
 
-def eval_sets(config, st: Setup) -> dict:
-  """The evaluation texts: held-out teacher samples (with the default data) and eval.text_paths."""
+def forward_tokens_per_s(model, batch_size: int, seq_len: int, repeats: int = 3) -> float:
+  """Tokens per second of one forward pass (log-probabilities of the targets, as every scored
+  evaluation computes them) on [batch_size, seq_len] tokens, compiled first, best of `repeats`."""
+  from lineax_lm.eval.scoring import Scorer
+  scorer = Scorer(model, batch_size)
+  tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch_size, seq_len))
+  scorer(tokens, tokens)  # compiles
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    scorer(tokens, tokens)  # returns host arrays: the device has finished
+    best = min(best, time.perf_counter() - start)
+  return batch_size * seq_len / best
+
+
+def eval_sets(config, st: Setup, section=None) -> dict:
+  """The evaluation texts: held-out teacher samples (with the default data) and the section's
+  text_paths (default section: config.eval)."""
+  e = config.eval if section is None else section
   sets = {}
   if st.heldout:
     sets["teacher_samples"] = ml_collections.ConfigDict(dict(st.data.to_dict(), paths=st.heldout))
-  if config.eval.text_paths:
+  if e.text_paths:
     sets["text"] = ml_collections.ConfigDict(dict(st.data.to_dict(), source="text",
-                                                  paths=config.eval.text_paths, text_unit="file"))
+                                                  paths=e.text_paths, text_unit="file"))
   return sets
 
 
@@ -296,36 +351,74 @@ def eval_sets(config, st: Setup) -> dict:
 EVAL_VERSION = 2
 
 
-def eval_key(config, st: Setup) -> str:
-  """What an evaluation depends on besides the model: the eval section, the text sets and the
-  scoring version."""
-  return json.dumps([config.eval.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st).items()},
+def eval_key(config, st: Setup, section=None) -> str:
+  """What an evaluation depends on besides the model: the eval section (default config.eval), the
+  text sets and the scoring version."""
+  e = config.eval if section is None else section
+  return json.dumps([e.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st, e).items()},
                      EVAL_VERSION], sort_keys=True, default=str)
 
 
-def evaluate(config, st: Setup, student) -> dict:
-  """Teacher vs student: perplexities, recovery ratios (teacher_ppl / student_ppl), needle accuracy.
-  The teacher's numbers are cached in `<data folder>/teacher_eval.json` per evaluation setting, so
-  students that share the data folder (lineax_lm.distill.compare) evaluate the teacher once."""
-  key = eval_key(config, st)
+def teacher_metrics(config, st: Setup, section=None) -> dict:
+  """The teacher's `model_metrics`, cached in `<data folder>/teacher_eval.json` per evaluation
+  setting, so students that share the data folder (compare, study) evaluate the teacher once."""
+  key = eval_key(config, st, section)
   cache_path = os.path.join(st.folder, "teacher_eval.json")
   cache = {}
   if os.path.exists(cache_path):
     with open(cache_path, encoding="utf-8") as f:
       cache = json.load(f)
   if key not in cache:
-    cache[key] = model_metrics(config, st, st.teacher)
+    cache[key] = model_metrics(config, st, st.teacher, section)
     os.makedirs(st.folder, exist_ok=True)
     report.write_json(cache_path, cache)
-  teacher, mine = cache[key], model_metrics(config, st, student)
+  return cache[key]
+
+
+def score_recovery(teacher: dict, student: dict) -> float | None:
+  """mean(student scores) / mean(teacher scores) over the same keys (None when the teacher scores
+  0 on all of them: nothing to recover; a key the length cannot hold, None, is left out)."""
+  keys = [k for k in teacher if teacher[k] is not None and student.get(k) is not None]
+  t = sum(teacher[k] for k in keys)
+  return sum(student[k] for k in keys) / t if t > 0 else None
+
+
+def evaluate(config, st: Setup, student) -> dict:
+  """Teacher vs student: perplexities, recovery ratios (teacher_ppl / student_ppl), needle and
+  recall accuracy with their score recoveries (student / teacher), forward tokens/s and, with
+  eval.lm_eval_tasks, lm-eval task scores for both."""
+  teacher, mine = teacher_metrics(config, st), model_metrics(config, st, student)
   summary = {}
   for name in mine:
     if name.startswith("ppl_"):
       summary[name] = {"teacher": teacher[name], "student": mine[name]}
       summary["recovery_" + name[4:]] = teacher[name] / mine[name]
-  if "needle" in mine:
-    summary["needle"] = {"teacher": teacher["needle"], "student": mine["needle"]}
+  for family in ("needle", "recall"):
+    if family in mine:
+      summary[family] = {"teacher": teacher[family], "student": mine[family]}
+      summary[f"recovery_{family}"] = score_recovery(teacher[family], mine[family])
+  if "forward_tokens_per_s" in mine:
+    summary["forward_tokens_per_s"] = {"teacher": teacher["forward_tokens_per_s"],
+                                       "student": mine["forward_tokens_per_s"]}
+  if config.eval.lm_eval_tasks:
+    summary["lm_eval"] = lm_eval_scores(config, st, student)
   return summary
+
+
+def lm_eval_scores(config, st: Setup, student) -> dict:
+  """lm-eval scores of teacher and student on eval.lm_eval_tasks in one call (the same tasks,
+  limit and adapter settings), with each metric's recovery = student / teacher."""
+  from lineax_lm.eval.lm_eval_adapter import evaluate_models
+  e = config.eval
+  tokenizer = make_tokenizer(st.data)
+  results = evaluate_models({"teacher": st.teacher, "student": student}, tokenizer,
+                            e.lm_eval_tasks, limit=e.lm_eval_limit,
+                            include_path=e.lm_eval_include_path or None, max_length=e.seq_len,
+                            batch_size=e.batch_size)
+  recovery = {task: {m: (v / results["teacher"][task][m] if results["teacher"][task][m] else None)
+                     for m, v in metrics.items()}
+              for task, metrics in results["student"].items()}
+  return {**results, "recovery": recovery}
 
 
 def format_summary(summaries: dict) -> str:
@@ -346,3 +439,95 @@ def format_summary(summaries: dict) -> str:
   line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
   return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
                    + [line(r) for r in rows])
+
+
+# ----------------------------------------------------------------------------- maturity curve
+def curve_section(config) -> ml_collections.ConfigDict:
+  """The curve's evaluation: held-out teacher-sample perplexity and config.curve's needle tasks (no
+  real text, recall, throughput or lm-eval: each point must stay cheap)."""
+  e = ml_collections.ConfigDict(config.eval.to_dict())
+  c = config.curve
+  e.update(dict(text_paths="", needle_tasks=c.needle_tasks, needle_lengths=tuple(c.needle_lengths),
+                needle_examples=c.needle_examples, recall_examples=0, throughput=False,
+                lm_eval_tasks=""))
+  return e
+
+
+def maturity_curve(config, st: Setup, workdir: str) -> list[dict]:
+  """Rows {"e2e_step", "tokens", "recovery_teacher_samples", "recovery_needle", "needle": {...}}
+  for the start of the e2e stage (the block stage's final parameters, or the initial student) and
+  every checkpoint the finished e2e stage kept (config.curve.every); `tokens` counts every stage's
+  tokens up to that point. Each point is scored once (cached in <workdir>/curve.json, so an
+  interrupted curve resumes); curve.png is drawn when matplotlib is importable. [] without a curve."""
+  if config.curve.every <= 0 or not finished(config, "e2e", workdir):
+    return []
+  section = curve_section(config)
+  key = eval_key(config, st, section)
+  path = os.path.join(workdir, "curve.json")
+  saved = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+  points = saved.get("points", {}) if saved.get("key") == key else {}
+  mngr = checkpoint.manager(stage_dir(workdir, "e2e"), keep=0)
+  try:
+    steps = sorted(mngr.all_steps())
+  finally:
+    mngr.close()
+  before = [s for s in ("layer", "block") if config.stages[s].steps > 0]
+  starts = {0: (before[-1], None) if before else (None, None), **{s: ("e2e", s) for s in steps}}
+  teacher = teacher_metrics(config, st, section)
+  graphdef = nnx.graphdef(abstract_model(st.student_cfg))
+  for step, (stage, at) in starts.items():
+    if str(step) in points:
+      continue
+    if stage is None:
+      model = init_student(st.teacher, st.student_cfg, seed=config.student.seed,
+                           conv_init=config.student.conv_init)
+    else:
+      model = nnx.merge(graphdef, stage_params(config, stage, st, workdir, at)())
+    points[str(step)] = model_metrics(config, st, model, section)
+    report.write_json(path, {"key": key, "teacher": teacher, "points": points})
+  tokens_per_step = config.data.global_batch_size * config.data.seq_len
+  done = sum(config.stages[s].steps for s in before)
+  rows = []
+  for step in sorted(map(int, points)):
+    m = points[str(step)]
+    rows.append(dict(e2e_step=step, tokens=(done + step) * tokens_per_step,
+                     recovery_teacher_samples=(teacher["ppl_teacher_samples"]
+                                               / m["ppl_teacher_samples"]
+                                               if "ppl_teacher_samples" in m else None),
+                     recovery_needle=score_recovery(teacher.get("needle", {}), m.get("needle", {})),
+                     needle=m.get("needle", {})))
+  report.write_json(path, {"key": key, "teacher": teacher, "points": points, "rows": rows})
+  plot_curves({st.student_cfg.mixer: rows}, os.path.join(workdir, "curve.png"))
+  return rows
+
+
+def plot_curves(curves: dict, path: str) -> str | None:
+  """Recovery (teacher samples) and mean needle accuracy against tokens, one line per student;
+  None (nothing drawn) without matplotlib or points."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return None
+  curves = {k: v for k, v in curves.items() if v}
+  if not curves:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for name, rows in curves.items():
+    x = [r["tokens"] / 1e6 for r in rows]
+    axes[0].plot(x, [r["recovery_teacher_samples"] for r in rows], marker="o", label=name)
+    axes[1].plot(x, [np.mean([v for v in r["needle"].values() if v is not None] or [np.nan])
+                     for r in rows], marker="o", label=name)
+  for ax, title in zip(axes, ("perplexity recovery (teacher samples)", "needle accuracy (mean)")):
+    ax.set_xlabel("tokens trained (M)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

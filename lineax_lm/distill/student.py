@@ -18,9 +18,12 @@ What is copied (teacher Llama -> student; H heads of head dim d, Hkv key/value h
   | kda            | q      | k      | v      | o      | convs, f_proj, b_proj, A_log, dt_bias, g_proj, o_norm |
   | linear_attn    | q      | k      | v      | o      | feature maps (Hadamard), o_norm            |
   | mlstm          | -      | -      | v -> proj_up's mLSTM half, v_proj = I | o -> proj_down | q/k (block-diagonal), z half of proj_up, gates, conv, o_norm, skip |
+  | mlstm, qkv_proj="dense" | q | k | v | o -> proj_down | proj_up (z and the skip branch), gates, conv, o_norm, skip |
 
 mLSTM's q and k are block-diagonal maps of the convolved up-projection (xLSTM's layout), which no
-dense teacher projection fits: only its value path and output map take the teacher's weights.
+dense teacher projection fits: only its value path and output map take the teacher's weights. The
+dense variant (`mixer_cfg.qkv_proj="dense"`, the study's `mlstm_dense` student) projects q/k/v from
+the layer input as attention does, so it inherits all four projections like the other students.
 The student mixer configs (`STUDENT_MIXER_CFG`) make these shapes match: H heads of head dim d and
 value dim d (expand_k = expand_v = H d / D where the mixer sizes by ratios; mLSTM's inner width H d).
 Short convolutions start as the identity (`conv_init="identity"`: the current-token tap 1, the
@@ -100,6 +103,14 @@ def _linear_mixer_values(mixer_name: str, mixer, w: dict, prefix: tuple) -> dict
       raise ValueError(f"mixer_cfg: the {mixer_name} student's {name} is {have}, the teacher's "
                        f"projection {value.shape}; keep STUDENT_MIXER_CFG's head sizes")
     return {prefix + (name, "kernel"): value}
+  if mixer_name == "mlstm" and mixer.cfg.qkv_proj == "dense":
+    if w["v_proj"].shape[0] != mixer.inner:
+      raise ValueError(f"mixer_cfg: the mlstm student's inner width {mixer.inner} differs from the "
+                       f"teacher's {w['v_proj'].shape[0]} attention channels")
+    out = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+      out.update(put(name, w[name].T))
+    return {**out, **put("proj_down", w["o_proj"].T)}
   if mixer_name == "mlstm":
     inner = mixer.inner
     if w["v_proj"].shape[0] != inner:

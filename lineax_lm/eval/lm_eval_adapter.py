@@ -7,7 +7,9 @@ line through this module, which imports it first:
     python -m lineax_lm.eval.lm_eval_adapter run --model lineax --model_args workdir=DIR --tasks lambada_openai
 (`run` is the subcommand of lm-eval 0.4.13's CLI, checked end to end with a local task; releases
 whose CLI has no subcommands take the flags without it), or
-from Python: `import lineax_lm.eval.lm_eval_adapter; lm_eval.simple_evaluate(model="lineax", ...)`.
+from Python: `import lineax_lm.eval.lm_eval_adapter; lm_eval.simple_evaluate(model="lineax", ...)`;
+`evaluate_models({"teacher": t, "student": s}, tokenizer, "arc_easy,piqa")` scores in-memory models
+on the same tasks (lineax_lm.distill's evaluation uses it for teacher and student alike).
 
 model_args: workdir (required), step (default: latest), tokenizer ("byte" or a tokenizer.json;
 default: the run's data tokenizer), max_length (default: the run's data.seq_len), batch_size,
@@ -174,6 +176,38 @@ if _register is not None:
     LineaxLM = _register("lineax")(LineaxLM)
   except ValueError:  # an lm-eval that already holds "lineax" (e.g. from the entry point) as a string
     pass
+
+
+def evaluate_models(models: dict, tokenizer, tasks, *, limit: int | None = None,
+                    include_path: str | None = None, max_length: int = 2048, batch_size: int = 8,
+                    simple_evaluate=None) -> dict:
+  """Scores several in-memory models on the same lm-eval tasks with the same settings (one
+  `simple_evaluate` call per model through `LineaxLM`): {name: {task: {metric: value}}}, the
+  numeric "metric,filter" entries only ("acc,none", "acc_stderr,none", ...). Checked with
+  lm-eval 0.4 on a local multiple-choice task (a JSON-lines file and a task YAML in `include_path`).
+
+  tasks: comma-separated names or a list; include_path: a folder of local task YAMLs (no download
+  for tasks whose data is local); simple_evaluate: lm-eval's `simple_evaluate` by default (needs
+  lm-eval installed), or any function with its (model, tasks, limit, task_manager) keywords."""
+  tasks = [t.strip() for t in tasks.split(",") if t.strip()] if isinstance(tasks, str) else list(tasks)
+  if not tasks:
+    raise ValueError("tasks: name at least one lm-eval task")
+  task_manager = None
+  if simple_evaluate is None:
+    try:
+      from lm_eval import simple_evaluate
+      from lm_eval.tasks import TaskManager
+    except ImportError:
+      raise ImportError("lm-eval tasks need lm-evaluation-harness: pip install lineax-lm[eval]") from None
+    task_manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+  out = {}
+  for name, model in models.items():
+    lm = LineaxLM(model=model, tokenizer=tokenizer, max_length=max_length, batch_size=batch_size)
+    results = simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=task_manager)
+    out[name] = {task: {m: float(v) for m, v in metrics.items()  # "metric,filter" keys only
+                        if "," in m and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                 for task, metrics in results["results"].items()}
+  return out
 
 
 def main():

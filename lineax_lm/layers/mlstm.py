@@ -3,7 +3,10 @@
 Up-projection to 2 x inner (inner = 2 D rounded up to a multiple of 64): an mLSTM branch and a gate
 branch z. The mLSTM branch goes through a short convolution (SiLU, with bias); q and k are
 block-diagonal projections (blocks of 4) of the convolved branch, v of the raw branch; per-head input
-and forget gate pre-activations come from [q, k, v]. The op runs the stabilised recurrence (state
+and forget gate pre-activations come from [q, k, v]. `qkv_proj="dense"` instead projects q, k and v
+densely from the layer input (D -> inner each, as xLSTM-7B's mLSTM layer and as softmax attention
+do), so a Transformer's q/k/v projections can initialise them (lineax_lm.distill); the convolved
+branch then only feeds the learnable skip. The op runs the stabilised recurrence (state
 (C, n, m)); a per-head LayerNorm, a learnable skip from the convolved branch, times silu(z), and a
 down-projection follow.
 """
@@ -30,6 +33,10 @@ class MLSTMConfig(MixerConfig):
   qkv_proj_blocksize: int = 4
   round_to: int = 64
   conv_bias: bool = True
+  qkv_proj: str = "blockdiag"  # "blockdiag" (xLSTM's layout) | "dense" (D -> inner from the input)
+
+
+QKV_PROJ = ("blockdiag", "dense")
 
 
 class GroupedLinear(nnx.Module):
@@ -55,12 +62,14 @@ class MLSTM(LinearMixer):
     if inner % H or inner % cfg.qkv_proj_blocksize:
       raise ValueError(f"mLSTM inner width {inner} must be divisible by `num_heads` {H} and "
                        f"`qkv_proj_blocksize` {cfg.qkv_proj_blocksize}")
+    if cfg.qkv_proj not in QKV_PROJ:
+      raise ValueError(f"mLSTM `qkv_proj` must be one of {QKV_PROJ}; got {cfg.qkv_proj!r}")
     self.inner, self.head_dim = inner, inner // H
     self.proj_up = dense(D, 2 * inner, ("embed", "heads"), spec, rngs)
     self._make_conv("x", inner, rngs, activation="silu")
-    self.q_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
-    self.k_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
-    self.v_proj = GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs)
+    for name in ("q_proj", "k_proj", "v_proj"):
+      setattr(self, name, dense(D, inner, ("embed", "heads"), spec, rngs) if cfg.qkv_proj == "dense"
+              else GroupedLinear(inner, cfg.qkv_proj_blocksize, spec, rngs))
     # xLSTM's gate init: zero weights, input-gate bias ~ N(0, 0.1), forget-gate bias linspace(3, 6).
     zeros = nnx.initializers.zeros
     self.igate = dense(3 * inner, H, ("heads", None), spec, rngs, bias=True, kernel_init=zeros)
@@ -77,7 +86,10 @@ class MLSTM(LinearMixer):
   def __call__(self, x, cache=None, ctx: Context | None = None):
     x_m, z = jnp.split(self.proj_up(x), 2, axis=-1)
     (x_c,), conv = self.short_conv({"x": x_m}, cache, ctx)
-    q, k, v = self.q_proj(x_c), self.k_proj(x_c), self.v_proj(x_m)
+    if self.cfg.qkv_proj == "dense":
+      q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    else:
+      q, k, v = self.q_proj(x_c), self.k_proj(x_c), self.v_proj(x_m)
     gate_in = jnp.concatenate([q, k, v], axis=-1)
     i, f = self.igate(gate_in).astype(F32), self.fgate(gate_in).astype(F32)
     q, k, v = (split_heads(t, self.head_dim) for t in (q, k, v))

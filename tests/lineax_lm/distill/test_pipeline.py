@@ -1,7 +1,10 @@
 """The distillation pipeline on the tiny runlocal teacher: every stage's loss falls, stages chain and
-resume, the evaluation and the comparison entry point; chat rendering for the SFT stage."""
+resume, the maturity curve, the evaluation and the study entry point (all students, one budget, one
+table); the study's budget split, long documents, reference text and score recoveries; chat
+rendering for the SFT stage."""
 import json
 import os
+import types
 
 import jax
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 from flax import nnx
 
 from lineax_lm.data.tokenizer import ByteTokenizer
-from lineax_lm.distill import chat, compare, pipeline
+from lineax_lm.distill import chat, data as distill_data, pipeline, study
 from lineax_lm.distill.config import distill_config
 
 # SmolLM2-135M-Instruct's GGUF chat template (tokenizer.chat_template), verbatim.
@@ -81,6 +84,7 @@ def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
   config = distill_config("gated_deltanet", "hybrid,runlocal")
   config.stages.sft.update(dict(steps=4, paths=str(chat_path), lr=3e-3))
   config.eval.needle_examples = 0
+  config.curve.update(dict(every=8, needle_examples=2))  # scored: the e2e start and step 8
   summary = pipeline.distill(config, workdir)
 
   for stage in pipeline.STAGES:
@@ -92,6 +96,14 @@ def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
   assert np.isfinite([ppl["teacher"], ppl["student"]]).all()
   assert summary["recovery_teacher_samples"] == pytest.approx(ppl["teacher"] / ppl["student"])
   assert json.load(open(os.path.join(workdir, "eval.json")))["final_stage"] == "sft"
+  # The maturity curve: the e2e start (stage 2's end) and every kept e2e checkpoint, by tokens.
+  curve = summary["curve"]
+  per_step = config.data.global_batch_size * config.data.seq_len
+  assert [r["e2e_step"] for r in curve] == [0, 8]
+  assert [r["tokens"] for r in curve] == [(10 + 8 + s) * per_step for s in (0, 8)]
+  assert all(0 < r["recovery_teacher_samples"] and "niah_single@384" in r["needle"] for r in curve)
+  assert os.path.exists(os.path.join(workdir, "curve.png"))
+  assert summary["train_tokens_per_s"].keys() == set(pipeline.STAGES)
 
   # Stage 1 trains only the linear layer's mixer: everything else is still the teacher's.
   st = pipeline.setup(config, workdir)
@@ -112,19 +124,78 @@ def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_entry_prints_both_students(tmp_path, capsys):
-  workdir = str(tmp_path / "cmp")
-  # Hybrid students (one linear layer each on the 2-layer tiny teacher) compile in half the time.
-  summaries = compare.main(["--workdir", workdir, "--runlocal", "--hybrid", "--mixers",
-                            "gated_deltanet,gla", "--steps", "0,0,3"])
+def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
+  workdir = str(tmp_path / "study")
+  # One hybrid student (one linear layer on the 2-layer tiny teacher: half the compile time), the
+  # whole budget in the e2e stage (3 steps of 8 x 64 tokens; the pipeline test runs every stage).
+  args = ["--workdir", workdir, "--runlocal", "--hybrid", "--students", "gated_deltanet,gla",
+          "--tokens", "1536", "--shares", "0,0,1", "--curve_points", "0", "--needle_examples", "2",
+          "--recall_examples", "4"]
+  summaries = study.main(args + ["--only", "gated_deltanet"])
   table = capsys.readouterr().out
-  assert set(summaries) == {"gated_deltanet (1:1)", "gla (1:1)"}
-  for name in ("| teacher", "| gated_deltanet (1:1)", "| gla (1:1)", "recovery teacher_samples",
-               "needle niah_single@384"):
+  assert set(summaries) == {"gated_deltanet"}
+  s = summaries["gated_deltanet"]
+  run = os.path.join(workdir, "gated_deltanet")
+  assert len(_losses(pipeline.stage_dir(run, "e2e"))) == 3
+  assert not os.path.exists(pipeline.stage_dir(run, "layer"))
+  for name in ("| teacher", "| gated_deltanet", "rec teacher_samples", "rec text", "single@384",
+               "mqar 64/4", "rec needle", "rec recall", "fwd tok/s"):
     assert name in table, table
-  teacher_needle = summaries["gla (1:1)"]["needle"]["teacher"]
-  for s in summaries.values():
-    assert s["final_stage"] == "e2e" and s["needle"]["teacher"] == teacher_needle
-  saved = json.load(open(os.path.join(workdir, "compare.json")))
-  assert saved["table"] in table
-  assert os.path.exists(os.path.join(workdir, "data", "teacher_eval.json"))
+  assert s["final_stage"] == "e2e" and s["ppl_text"]["teacher"] > 0
+  assert s["recall"]["student"].keys() == {"mqar@64/4"} and s["forward_tokens_per_s"]["student"] > 0
+  assert s["train_tokens_per_s"]["e2e"] > 0
+  # Finished: a rerun reads its evaluation and trains nothing.
+  again = study.main(args + ["--only", "gated_deltanet"])
+  assert again["gated_deltanet"]["ppl_text"] == s["ppl_text"]
+  assert "this invocation" not in capsys.readouterr().out
+  saved = json.load(open(os.path.join(workdir, "study.json")))
+  assert saved["table"] in table and os.path.exists(os.path.join(workdir, "study.md"))
+  with pytest.raises(ValueError, match="not study students"):
+    study.main(args + ["--only", "hgrn"])
+
+
+def test_study_budget_documents_reference_text_and_recoveries(tmp_path):
+  steps = study.stage_steps(2e6, 4 * 2048)
+  assert steps == {"layer": 49, "block": 49, "e2e": 146}
+  assert study.stage_steps(2e6, 4 * 2048, {"layer": 0, "block": 1, "e2e": 3})["layer"] == 0
+  with pytest.raises(ValueError, match="shares"):
+    study.stage_steps(2e6, 8, {"layer": 1, "block": 1, "e2e": 0})
+  c = study.study_config("mlstm_dense", 3e9)
+  assert c.student.mixer == "mlstm" and c.student.mixer_cfg.qkv_proj == "dense"
+  assert c.stages.e2e.steps == round(0.6 * 3e9 / (4 * 2048)) and c.samples.join_tokens == 2048
+  assert tuple(c.eval.needle_lengths) == (256, 512, 1024, 2048) and c.curve.every > 0
+  with pytest.raises(ValueError, match="tokens"):
+    study.stage_steps(0, 8)
+  tok = ByteTokenizer()
+  docs = distill_data.join_documents(["a" * 30, "b" * 30, "c" * 30, "d" * 10], tok, 50)
+  assert docs == ["a" * 30 + "\n\n" + "b" * 30]                     # the short remainder is dropped
+  assert distill_data.join_documents(["x", "y"], tok, 0) == ["x", "y"]
+  path = distill_data.write_reference_text(str(tmp_path), max_chars=1000)
+  text = open(path).read()
+  assert len(text) == 1000 and "statement" in text
+  assert pipeline.score_recovery({"a": 0.5, "b": 1.0, "c": None}, {"a": 0.25, "b": 0.5, "c": 1.0}) == 0.5
+  assert pipeline.score_recovery({"a": 0.0}, {"a": 1.0}) is None
+
+
+def test_lm_eval_scores_teacher_and_student_through_the_adapter():
+  """evaluate_models on a local two-choice task (lm-eval's simple_evaluate replaced by a tiny one
+  that sends the adapter the requests a multiple-choice task would): both models scored alike."""
+  from lineax_lm.distill.teacher import teacher_from_checkpoint, tiny_teacher
+  from lineax_lm.eval.lm_eval_adapter import evaluate_models
+  model, _ = teacher_from_checkpoint(tiny_teacher(), backend="reference")
+  docs = [("The sky is", [" blue", " loud"], 0), ("Two plus two is", [" four", " xyzzy"], 0)]
+
+  def simple_evaluate(model, tasks, limit, task_manager):
+    assert tasks == ["local_choice"] and limit == 2 and task_manager is None
+    reqs = [types.SimpleNamespace(args=(ctx, c)) for ctx, choices, _ in docs for c in choices]
+    lls = [ll for ll, _ in model.loglikelihood(reqs)]
+    acc = np.mean([np.argmax(lls[2 * i:2 * i + 2]) == gold for i, (_, _, gold) in enumerate(docs)])
+    return {"results": {"local_choice": {"alias": "local_choice", "acc,none": acc,
+                                         "acc_stderr,none": 0.0}}}
+
+  out = evaluate_models({"teacher": model, "student": model}, ByteTokenizer(), "local_choice",
+                        limit=2, max_length=64, batch_size=2, simple_evaluate=simple_evaluate)
+  assert out["teacher"] == out["student"] and set(out["teacher"]["local_choice"]) == {
+      "acc,none", "acc_stderr,none"}
+  with pytest.raises(ValueError, match="tasks"):
+    evaluate_models({"m": model}, ByteTokenizer(), "", simple_evaluate=simple_evaluate)

@@ -1,4 +1,5 @@
 """Student initialisation from the teacher, for the seven mixers of the study and their hybrids."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,6 +56,19 @@ def test_student_init_copies_the_teacher(teacher, mixer, ratio):
       np.testing.assert_array_equal(w, np.eye(w.shape[0])[-1][:, None] * np.ones_like(w))
 
 
+def test_dense_mlstm_student_inherits_q_k_v_o(teacher):
+  t, tcfg = teacher
+  s = init_student(t, student_config(tcfg, "mlstm", mixer_cfg={"qkv_proj": "dense"}))
+  H, Hkv = tcfg.heads, tcfg.kv_heads
+  for i in (0, 1):
+    tm, sm = t.blocks[i].mixer, s.blocks[i].mixer
+    for name in ("q_proj", "k_proj", "v_proj"):
+      want = _w(getattr(tm, name))
+      want = want if name == "q_proj" else repeat_kv(want, Hkv, H)
+      np.testing.assert_array_equal(_w(getattr(sm, name)), want, name)
+    np.testing.assert_array_equal(_w(sm.proj_down), _w(tm.o_proj))
+
+
 def test_all_attention_student_is_the_teacher(teacher):
   t, tcfg = teacher
   s = init_student(t, student_config(tcfg, "gla", attn_ratio="transformer"))
@@ -72,3 +86,24 @@ def test_student_errors(teacher):
     init_student(t, student_config(tcfg, "gated_deltanet", mixer_cfg={"head_dim": 16}))
   with pytest.raises(ValueError, match="conv_init"):
     init_student(t, student_config(tcfg, "gla"), conv_init="zeros")
+
+
+def test_dense_mlstm_layer_decodes_as_it_trains():
+  """The dense-q/k/v mLSTM (the mlstm_dense student's layer): one-token decode steps give the
+  full-sequence forward's outputs (the gradient is exercised by the pipeline test's training)."""
+  from lineax_lm.layers import LayerSpec, build_mixer, mixer_config
+  cfg = mixer_config("mlstm", num_heads=2, proj_factor=1.0, round_to=8, qkv_proj="dense",
+                     backend="reference")
+  layer = build_mixer("mlstm", cfg, LayerSpec(16, init_std=0.3), nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 16)), jnp.float32)
+  graphdef, state = nnx.split(layer)
+  run = jax.jit(lambda state, x, cache: nnx.merge(graphdef, state)(x, cache))
+  full, _ = run(state, x, None)
+  cache, steps = layer.init_cache(2, 9), []
+  for t in range(9):
+    y, cache = run(state, x[:, t:t + 1], cache)
+    steps.append(y)
+  np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=2e-4, atol=2e-5)
+  with pytest.raises(ValueError, match="qkv_proj"):
+    build_mixer("mlstm", mixer_config("mlstm", num_heads=2, qkv_proj="full"), LayerSpec(16),
+                nnx.Rngs(0))

@@ -1,0 +1,335 @@
+"""The linearization study: one teacher, every student, one token budget, one table.
+
+    python -m lineax_lm.distill.study --workdir runs/study [--tokens 2e6] [--only gla,kda]
+        [--teacher PATH.gguf] [--lm_eval_tasks study] [--hybrid] [--runlocal]
+
+Distils the teacher (default SmolLM2-135M-Instruct) into each student of STUDENTS with the same
+budget: `--tokens` per student over the three stages (split by STAGE_SHARE, see `study_config`),
+the same teacher samples (joined into documents of at least --seq_len tokens, so the 2,048-token
+needle is inside the training length), batch and learning rates. Each student runs in
+<workdir>/<student> with lineax_lm.distill.pipeline and is then scored against the teacher:
+  - perplexity and its recovery (teacher ppl / student ppl) on held-out teacher samples and on real
+    text (the Python Language Reference shipped with CPython, `data.write_reference_text`);
+  - needle accuracy, niah_single and niah_multikey at 256 / 512 / 1,024 / 2,048 tokens
+    (lineax_lm.eval.ruler, teacher-forced exact match), and its score recovery (student / teacher);
+  - MQAR-style in-context recall (lineax_lm.eval.mqar on token ids < 8,192) and its recovery;
+  - forward tokens/s (scoring [batch, seq_len]) and the e2e stage's training tokens/s;
+  - optionally lm-eval tasks (`--lm_eval_tasks`, "study" = STUDY_LM_EVAL), teacher and student
+    through the same adapter call, with per-metric recovery;
+  - the maturity curve: the e2e stage keeps a checkpoint every e2e_steps / --curve_points steps and
+    each is scored (perplexity recovery, needle at 2,048) against tokens trained (curve.png).
+Resumable: a student whose evaluation and curve are complete is not rerun (its eval.json is read),
+an interrupted stage resumes from its checkpoint, and a signal (SIGTERM / SIGINT) stops the command
+(trainer.Interrupted) after the running stage saved. `--only` runs a subset now; the table lists
+every student of `--students` that has finished, so several calls fill one table.
+Writes <workdir>/study.json (table, summaries, curves), study.md (the tables) and curves.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import time
+
+from lineax_lm.distill import data as distill_data
+from lineax_lm.distill.config import distill_config
+from lineax_lm.distill.pipeline import distill, plot_curves, score_recovery
+from lineax_lm.eval import report
+from lineax_lm.train.trainer import Interrupted
+
+# study name -> (mixer, mixer_cfg overrides); the study's order: xLSTM first, linear attention last.
+STUDENTS = {
+    "mlstm": ("mlstm", {}),
+    "mlstm_dense": ("mlstm", {"qkv_proj": "dense"}),
+    "gla": ("gla", {}),
+    "gated_deltanet": ("gated_deltanet", {}),
+    "deltanet": ("deltanet", {}),
+    "retention": ("retention", {}),
+    "kda": ("kda", {}),
+    "linear_attn": ("linear_attn", {}),
+}
+STAGE_SHARE = {"layer": 0.2, "block": 0.2, "e2e": 0.6}
+DEFAULT_TOKENS = 2e6
+# The zero-shot suite linearization papers report (LoLCATs, Lizard, the study): lm-eval task names.
+STUDY_LM_EVAL = "arc_easy,arc_challenge,hellaswag,piqa,winogrande,lambada_openai"
+NEEDLE_TASKS = "niah_single,niah_multikey"
+NEEDLE_LENGTHS = (256, 512, 1024, 2048)
+DONE = "study_done"  # written in a student's folder once its evaluation and curve are complete
+
+
+def stage_steps(tokens: float, tokens_per_step: int, shares: dict | None = None) -> dict:
+  """{stage: steps} spending `tokens` per student in `shares` proportions (default STAGE_SHARE;
+  at least 1 step for a stage with a share, 0 = the stage is skipped)."""
+  shares = STAGE_SHARE if shares is None else shares
+  if tokens <= 0:
+    raise ValueError(f"--tokens: must be > 0; got {tokens}")
+  if set(shares) != set(STAGE_SHARE) or min(shares.values()) < 0 or shares["e2e"] <= 0:
+    raise ValueError(f"--shares: one non-negative share per stage {tuple(STAGE_SHARE)}, e2e's > 0; "
+                     f"got {shares}")
+  total = sum(shares.values())
+  return {s: max(1, round(share / total * tokens / tokens_per_step)) if share else 0
+          for s, share in shares.items()}
+
+
+def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4, seq_len: int = 2048,
+                 docs: int = 4096, curve_points: int = 3, needle_examples: int = 16,
+                 recall_examples: int = 64, shares: dict | None = None, hybrid: bool = False,
+                 runlocal: bool = False):
+  """The distillation config of one study student. The budget is `tokens` per student; stages get
+  STAGE_SHARE of it (steps = share * tokens / (batch * seq_len)), warmup 10% of a stage's steps:
+
+  | stage | share | lr | trains | why |
+  |---|---|---|---|---|
+  | 1 layer | 0.2 | 1e-3 | the linear mixers only | each mixer learns to reproduce its attention layer's output on the teacher's own inputs: a local regression that converges in ~100-200 steps (0.98 -> 0.19 in 200 steps on the H200) and tolerates a high lr, since nothing else moves |
+  | 2 block | 0.2 | 3e-4 | the linear blocks (mixer, norms, MLP) | each block, fed the teacher's h_i, matches h_{i+1}: the MLP adapts to its new mixer; lower lr, the MLPs start right |
+  | 3 e2e | 0.6 | 1e-4 | everything | CE + KL to the teacher's logits over the whole network: where the errors that compound across layers are corrected, hence most of the budget; the lowest lr, every weight starts near a good point |
+
+  Stages 1-2 are cheap per step and saturate early, so a larger budget mostly buys e2e steps; with
+  `--tokens 3e9` (the study's order of budget) the shares stay the same. Data: `docs` teacher
+  samples of <= 512 tokens joined into documents of >= seq_len tokens (reused across epochs when the
+  budget exceeds them). Evaluation at seq_len (2,048), needles at NEEDLE_LENGTHS, MQAR at 512
+  tokens with 16 and 64 pairs; the curve scores `curve_points` e2e checkpoints plus the start."""
+  if student not in STUDENTS:
+    raise ValueError(f"student: {student!r} is not a study student; choose from {list(STUDENTS)}")
+  mixer, mixer_cfg = STUDENTS[student]
+  c = distill_config(mixer, ",".join(s for s, on in (("hybrid", hybrid), ("runlocal", runlocal)) if on))
+  c.student.mixer_cfg.update(mixer_cfg)
+  if runlocal:  # the tiny teacher's byte-level world: short rows, short needles
+    batch, seq_len = 8, min(seq_len, 64)  # 8: the tests' CPU mesh has 8 devices
+    c.samples.update(dict(num_docs=min(docs, 48), heldout_docs=32, max_new_tokens=40))
+    c.eval.update(dict(needle_lengths=(384,), recall_lengths=(64,), recall_kv=(4,)))
+    c.curve.needle_lengths = (384,)
+  else:
+    c.model.dtype = "bfloat16"
+    c.samples.update(dict(num_docs=docs, heldout_docs=max(128, docs // 32), batch_size=256))
+    c.eval.update(dict(needle_lengths=NEEDLE_LENGTHS, batch_size=8))
+    c.curve.needle_lengths = (max(NEEDLE_LENGTHS),)
+  c.data.update(dict(seq_len=seq_len, global_batch_size=batch))
+  c.samples.join_tokens = seq_len
+  for stage, steps in stage_steps(tokens, batch * seq_len, shares).items():
+    c.stages[stage].update(dict(steps=steps, warmup_steps=max(1, steps // 10)))
+  c.eval.update(dict(seq_len=seq_len, needle_tasks=NEEDLE_TASKS, needle_examples=needle_examples,
+                     recall_examples=recall_examples, throughput=True))
+  c.curve.update(dict(every=max(1, c.stages.e2e.steps // curve_points) if curve_points else 0,
+                      needle_examples=max(4, needle_examples // 2)))
+  c.train.checkpoint_every = 100  # a signal saves too (the trainer); this bounds a hard kill's loss
+  return c
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--students", default=",".join(STUDENTS), help="the study's students (the table)")
+  p.add_argument("--only", default="", help="comma-separated subset of --students to run now")
+  p.add_argument("--tokens", type=float, default=DEFAULT_TOKENS,
+                 help="training tokens per student over the three stages (3e9: the study's budget)")
+  p.add_argument("--teacher", default="", help="GGUF file or HF directory ('' = the shipped SmolLM2)")
+  p.add_argument("--shares", default=",".join(str(v) for v in STAGE_SHARE.values()),
+                 help="the budget's split over the layer,block,e2e stages (0 skips a stage)")
+  p.add_argument("--batch", type=int, default=4, help="rows per step")
+  p.add_argument("--seq_len", type=int, default=2048, help="tokens per row = training document length")
+  p.add_argument("--docs", type=int, default=4096, help="teacher samples drawn (then joined)")
+  p.add_argument("--data", default="", help="train on these text/jsonl files instead of teacher samples")
+  p.add_argument("--curve_points", type=int, default=3, help="scored e2e checkpoints (0: no curve)")
+  p.add_argument("--needle_examples", type=int, default=16)
+  p.add_argument("--recall_examples", type=int, default=64)
+  p.add_argument("--lm_eval_tasks", default="", help=f"lm-eval tasks ('study' = {STUDY_LM_EVAL})")
+  p.add_argument("--lm_eval_limit", type=int, default=None, help="examples per lm-eval task")
+  p.add_argument("--lm_eval_include_path", default="", help="folder of local lm-eval task YAMLs")
+  p.add_argument("--keep_checkpoints", action="store_true",
+                 help="keep every stage's checkpoints of finished students (default: the final one)")
+  p.add_argument("--hybrid", action="store_true", help="3:1 hybrid students")
+  p.add_argument("--runlocal", action="store_true", help="tiny random teacher, seconds on CPU")
+  return p.parse_args(argv)
+
+
+def names(text: str, allowed) -> list[str]:
+  out = [n.strip() for n in text.split(",") if n.strip()]
+  unknown = [n for n in out if n not in allowed]
+  if unknown:
+    raise ValueError(f"students: {unknown} are not study students; choose from {list(allowed)}")
+  return out
+
+
+def parse_shares(text: str) -> dict:
+  values = [float(v) for v in text.split(",")]
+  if len(values) != len(STAGE_SHARE):
+    raise ValueError(f"--shares: give {len(STAGE_SHARE)} numbers (layer,block,e2e); got {text!r}")
+  return dict(zip(STAGE_SHARE, values))
+
+
+def config_for(args, student: str):
+  c = study_config(student, args.tokens, batch=args.batch, seq_len=args.seq_len, docs=args.docs,
+                   curve_points=args.curve_points, needle_examples=args.needle_examples,
+                   recall_examples=args.recall_examples, shares=parse_shares(args.shares),
+                   hybrid=args.hybrid, runlocal=args.runlocal)
+  c.teacher.path = args.teacher
+  c.samples.dir = os.path.join(args.workdir, "data")
+  c.eval.text_paths = distill_data.write_reference_text(
+      c.samples.dir, max_chars=4_000 if args.runlocal else None)
+  if args.data:
+    c.data.update(dict(source="jsonl" if args.data.endswith(".jsonl") else "text", paths=args.data))
+  tasks = STUDY_LM_EVAL if args.lm_eval_tasks == "study" else args.lm_eval_tasks
+  c.eval.update(dict(lm_eval_tasks=tasks, lm_eval_limit=args.lm_eval_limit,
+                     lm_eval_include_path=args.lm_eval_include_path))
+  return c
+
+
+def prune_checkpoints(workdir: str) -> None:
+  """Deletes a finished student's stage 1-2 checkpoints and the e2e stage's intermediate ones (the
+  curve has scored them; the final e2e step stays): ~1.6 GB each at 135M parameters, which eight
+  students would otherwise pile up on the device's disk. Metrics and logs stay."""
+  from lineax_lm.distill.pipeline import STAGES, stage_dir
+  from lineax_lm.train import checkpoint
+  for stage in STAGES:
+    directory = os.path.join(stage_dir(workdir, stage), "checkpoints")
+    if not os.path.isdir(directory):
+      continue
+    if stage in ("layer", "block"):
+      shutil.rmtree(directory)
+      continue
+    mngr = checkpoint.manager(stage_dir(workdir, stage), keep=0)
+    try:
+      for step in sorted(mngr.all_steps())[:-1]:
+        mngr.delete(step)
+    finally:
+      mngr.close()
+
+
+def finished_summary(workdir: str) -> dict | None:
+  """The student's final evaluation (eval.json after the e2e stage), None when it has not
+  finished (no DONE marker: the evaluation or the curve was interrupted). A finished student is not
+  rerun: delete its DONE file to evaluate it again."""
+  path = os.path.join(workdir, "eval.json")
+  if not os.path.exists(path) or not os.path.exists(os.path.join(workdir, DONE)):
+    return None
+  with open(path, encoding="utf-8") as f:
+    summary = json.load(f)
+  return summary if summary.get("final_stage") == "e2e" else None
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+  logging.getLogger("lineax_lm").setLevel(logging.INFO)
+  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
+  students = names(args.students, STUDENTS)
+  run_now = names(args.only, students) if args.only else students
+  summaries, seconds = {}, {}
+  try:
+    run_students(args, students, run_now, summaries, seconds)
+  except Interrupted:  # the table of the students finished so far, then stop (rerun to resume)
+    write_tables(args, summaries, seconds)
+    raise
+  return write_tables(args, summaries, seconds)
+
+
+def run_students(args, students, run_now, summaries: dict, seconds: dict) -> None:
+  """Distils (or reads the evaluation of) each student in order, filling `summaries`."""
+  for student in students:
+    workdir = os.path.join(args.workdir, student)
+    done = finished_summary(workdir)
+    if done is None and student in run_now:
+      start = time.perf_counter()
+      summaries[student] = distill(config_for(args, student), workdir)
+      seconds[student] = time.perf_counter() - start
+      print(f"{student}: {seconds[student]:.0f} s (this invocation)", flush=True)
+      if not args.keep_checkpoints:
+        prune_checkpoints(workdir)
+      with open(os.path.join(workdir, DONE), "w", encoding="utf-8") as f:
+        f.write("evaluation and curve written\n")
+    elif done is not None:
+      summaries[student] = done
+      curve = os.path.join(workdir, "curve.json")
+      if os.path.exists(curve):
+        with open(curve, encoding="utf-8") as f:
+          summaries[student]["curve"] = json.load(f).get("rows", [])
+
+
+def write_tables(args, summaries: dict, seconds: dict) -> dict:
+  """Prints the tables and writes study.json / study.md / curves.png for `summaries`."""
+  if not summaries:
+    print("no student has finished yet", flush=True)
+    return {}
+  tables = format_study(summaries)
+  print(tables, flush=True)
+  curves = {name: s.get("curve", []) for name, s in summaries.items()}
+  plot_curves(curves, os.path.join(args.workdir, "curves.png"))
+  report.write_json(os.path.join(args.workdir, "study.json"),
+                    {"table": tables, "seconds": seconds, "tokens_per_student": args.tokens,
+                     "summaries": summaries})
+  with open(os.path.join(args.workdir, "study.md"), "w", encoding="utf-8") as f:
+    f.write(tables + "\n")
+  return summaries
+
+
+# ----------------------------------------------------------------------------- the table
+def _fmt(v, digits=3):
+  return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _short(key: str) -> str:
+  """"niah_single@2048" -> "single@2k", "mqar@512/16" -> "mqar 512/16"."""
+  task, _, length = key.partition("@")
+  if task == "mqar":
+    return f"mqar {length}"
+  n = int(length)
+  return f"{task.replace('niah_', '')}@{n // 1024}k" if n % 1024 == 0 else f"{task.replace('niah_', '')}@{n}"
+
+
+def _sorted_keys(d: dict) -> list[str]:
+  return sorted(d, key=lambda k: (k.split("@")[0], [int(x) for x in k.split("@")[1].split("/")]))
+
+
+def _markdown(head, rows) -> str:
+  widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                   + [line(r) for r in rows])
+
+
+def format_study(summaries: dict) -> str:
+  """The study table (teacher first; every student of `summaries`): perplexity and its recovery per
+  text set, needle accuracy per task and length, MQAR recall, score recoveries, tokens/s; then the
+  lm-eval table when any summary has one."""
+  first = next(iter(summaries.values()))
+  sets = [k[len("ppl_"):] for k in first if k.startswith("ppl_")]
+  needles = _sorted_keys(first.get("needle", {}).get("teacher", {}))
+  recalls = _sorted_keys(first.get("recall", {}).get("teacher", {}))
+  head = (["model"] + [f"ppl {s}" for s in sets] + [f"rec {s}" for s in sets]
+          + [_short(n) for n in needles] + ["rec needle"] + [_short(r) for r in recalls]
+          + ["rec recall", "fwd tok/s", "e2e train tok/s"])
+  tput = lambda s, who: s.get("forward_tokens_per_s", {}).get(who)
+  own = lambda family: _fmt(score_recovery(first[family]["teacher"], first[family]["teacher"])
+                            if family in first else None)  # 1, or "-" where the teacher scores 0
+  rows = [["teacher"] + [_fmt(first[f"ppl_{s}"]["teacher"], 2) for s in sets] + ["1.000"] * len(sets)
+          + [_fmt(first["needle"]["teacher"][n]) for n in needles] + [own("needle")]
+          + [_fmt(first["recall"]["teacher"][r]) for r in recalls] + [own("recall")]
+          + [_fmt(tput(first, "teacher"), 0), "-"]]
+  for name, s in summaries.items():
+    rows.append([name] + [_fmt(s[f"ppl_{t}"]["student"], 2) for t in sets]
+                + [_fmt(s[f"recovery_{t}"]) for t in sets]
+                + [_fmt(s.get("needle", {}).get("student", {}).get(n)) for n in needles]
+                + [_fmt(s.get("recovery_needle"))]
+                + [_fmt(s.get("recall", {}).get("student", {}).get(r)) for r in recalls]
+                + [_fmt(s.get("recovery_recall")), _fmt(tput(s, "student"), 0),
+                   _fmt(s.get("train_tokens_per_s", {}).get("e2e"), 0)])
+  out = [_markdown(head, rows)]
+  with_lm_eval = {n: s["lm_eval"] for n, s in summaries.items() if "lm_eval" in s}
+  if with_lm_eval:
+    ref = next(iter(with_lm_eval.values()))["teacher"]
+    cols = [(t, m) for t in sorted(ref) for m in sorted(ref[t]) if "stderr" not in m]
+    head = ["model"] + [f"{t} {m.split(',')[0]}" for t, m in cols] + ["mean recovery"]
+    rows = [["teacher"] + [_fmt(ref[t][m]) for t, m in cols] + ["1.000"]]
+    for name, r in with_lm_eval.items():
+      recs = [r["recovery"][t][m] for t, m in cols if r["recovery"][t][m] is not None]
+      rows.append([name] + [_fmt(r["student"][t][m]) for t, m in cols]
+                  + [_fmt(sum(recs) / len(recs) if recs else None)])
+    out.append(_markdown(head, rows))
+  return "\n\n".join(out)
+
+
+if __name__ == "__main__":
+  main()
