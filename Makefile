@@ -19,10 +19,10 @@ demo: $(STAMP)
 	$(PY) -m lineax_lm.demo --workdir runs/demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=15 -m "not slow and not gpu" tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m "not slow and not gpu" tests
 
 bench: $(STAMP)
 	$(PY) -m pallas_kernels.bench

@@ -4,7 +4,6 @@ they overwrite; keep_checkpoints=0 keeps everything; metrics.jsonl keeps one row
 import json
 import logging
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -155,31 +154,15 @@ def test_metrics_resumed_at_a_step_drop_the_rows_past_it(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the trainer
-@pytest.fixture(scope="module")
-def clean_run(tmp_path_factory):
-  """One finished 6-step run with checkpoints at steps 2, 4 and 6 (keep_checkpoints=0: all)."""
-  config = tiny_config(steps=6)
-  config.train.update(dict(checkpoint_every=2, keep_checkpoints=0))
-  workdir = str(tmp_path_factory.mktemp("clean") / "run")
-  summary = train_and_evaluate(config, workdir)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
-  return config, workdir, summary
-
-
-def _copy(clean_run, tmp_path):
-  config, workdir, _ = clean_run
-  shutil.copytree(workdir, tmp_path / "run")
-  return config.copy_and_resolve_references(), str(tmp_path / "run")
-
-
+# clean_run / clean_copy (conftest.py): one finished 6-step run, checkpoints at steps 2, 4, 6.
 def _same_params(a, b):
   for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.slow
-def test_rollback_trains_through_the_later_steps_and_matches_a_clean_run(clean_run, tmp_path, caplog):
-  config, workdir = _copy(clean_run, tmp_path)
+def test_rollback_trains_through_the_later_steps_and_matches_a_clean_run(clean_run, clean_copy, caplog):
+  config, workdir = clean_copy
   config.train.restore_step = 2  # the recovery a CheckpointError recommends
   with caplog.at_level(logging.WARNING, logger="lineax_lm"):
     summary = train_and_evaluate(config, workdir)
@@ -192,8 +175,8 @@ def test_rollback_trains_through_the_later_steps_and_matches_a_clean_run(clean_r
 
 
 @pytest.mark.slow
-def test_damaged_newest_checkpoint_resumes_from_the_previous_intact_one(clean_run, tmp_path, caplog):
-  config, workdir = _copy(clean_run, tmp_path)
+def test_damaged_newest_checkpoint_resumes_from_the_previous_intact_one(clean_copy, caplog):
+  config, workdir = clean_copy
   _scribble(os.path.join(workdir, "checkpoints", "6"))  # random bytes: Orbax alone restores garbage
   config.train.steps = 8  # a run continued past its damaged last checkpoint
   with caplog.at_level(logging.WARNING, logger="lineax_lm"):
@@ -207,10 +190,10 @@ def test_damaged_newest_checkpoint_resumes_from_the_previous_intact_one(clean_ru
 
 
 @pytest.mark.slow
-def test_damaged_older_checkpoint_is_found_on_fallback(clean_run, tmp_path, caplog):
+def test_damaged_older_checkpoint_is_found_on_fallback(clean_run, clean_copy, caplog):
   """The newest step is torn and unsealed (a run killed before its checksums), the one before it has
   random bytes: the run must not resume from the garbage of step 4 but from step 2."""
-  config, workdir = _copy(clean_run, tmp_path)
+  config, workdir = clean_copy
   os.remove(os.path.join(workdir, "checkpoints", "6", checkpoint.CHECKSUMS))
   _scribble(os.path.join(workdir, "checkpoints", "6"), torn=True)
   _scribble(os.path.join(workdir, "checkpoints", "4"))

@@ -80,18 +80,17 @@ def _sigterm_when_step(workdir, step):
 
 
 @pytest.mark.slow
-def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
-  config = tiny_config(steps=8)
-  straight = str(tmp_path / "straight")
-  train_and_evaluate(config, straight)
+def test_interrupted_and_resumed_run_is_bit_identical(clean_run, tmp_path):
+  """A run stopped by SIGTERM and rerun ends where the straight clean run (conftest.py) ends."""
+  config, straight, _ = clean_run
   resumed = str(tmp_path / "resumed")
   _sigterm_when_step(resumed, 3)
   summary = train_and_evaluate(config, resumed)
-  assert summary.get("stopped_by") == "SIGTERM" and summary["step"] < 8
+  assert summary.get("stopped_by") == "SIGTERM" and summary["step"] < 6
   train_and_evaluate(config, resumed)  # the same command again resumes and finishes
   s1, step1, next1 = params_of(straight, config)
   s2, step2, next2 = params_of(resumed, config)
-  assert step1 == step2 == 8
+  assert step1 == step2 == 6
   for a, b in zip(jax.tree_util.tree_leaves(s1), jax.tree_util.tree_leaves(s2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   for k in next1:  # the data iterators stand at the same place
@@ -99,35 +98,30 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_corrupt_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(tmp_path, caplog):
-  config = tiny_config(steps=6)
-  workdir = str(tmp_path / "run")
-  train_and_evaluate(config, workdir)
+def test_corrupt_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(clean_copy, caplog):
+  config, workdir = clean_copy  # the clean run (conftest.py): checkpoints at steps 2, 4, 6
   ckpts = os.path.join(workdir, "checkpoints")
-  assert sorted(os.listdir(ckpts)) == ["3", "6"]
   for root, _, files in os.walk(os.path.join(ckpts, "6", "state")):
     for name in files:  # tear every file of the latest state
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"torn")
   with caplog.at_level("WARNING", logger="lineax_lm"):
-    assert train_and_evaluate(config, workdir)["step"] == 6  # from step 3, by itself
-  assert "checkpoint step 6" in caplog.text and "resuming from step 3" in caplog.text
-  assert sorted(os.listdir(ckpts)) == ["3", "6"]
+    assert train_and_evaluate(config, workdir)["step"] == 6  # from step 4, by itself
+  assert "checkpoint step 6" in caplog.text and "resuming from step 4" in caplog.text
+  assert sorted(os.listdir(ckpts)) == ["2", "4", "6"]
   set_aside = os.path.join(workdir, checkpoint.SET_ASIDE)
   assert os.listdir(set_aside) == ["6-damaged"]  # the torn step is kept, not deleted
-  config.train.restore_step = 3  # a rollback to the earlier checkpoint trains through step 6 again
+  config.train.restore_step = 2  # a rollback to the earlier checkpoint trains through step 4 again
   config.train.steps = 4
   assert train_and_evaluate(config, workdir)["step"] == 4
-  assert sorted(os.listdir(set_aside)) == ["6-damaged", "6-rolled-back-to-3"]
+  assert sorted(os.listdir(set_aside)) == ["4-rolled-back-to-2", "6-damaged", "6-rolled-back-to-2"]
 
 
 @pytest.mark.slow
-def test_missing_checkpoint_step_is_a_clear_error(tmp_path):
-  config = tiny_config(steps=3)
-  workdir = str(tmp_path / "run")
-  train_and_evaluate(config, workdir)
-  config.train.restore_step = 2
-  with pytest.raises(checkpoint.CheckpointError, match="no checkpoint for step 2"):
+def test_missing_checkpoint_step_is_a_clear_error(clean_copy):
+  config, workdir = clean_copy
+  config.train.restore_step = 3
+  with pytest.raises(checkpoint.CheckpointError, match="no checkpoint for step 3"):
     train_and_evaluate(config, workdir)
 
 
@@ -167,11 +161,9 @@ def test_config_typo_on_the_command_line_suggests_the_field():
 
 
 @pytest.mark.slow
-def test_profile_steps_write_a_summary(tmp_path):
-  config = tiny_config(steps=4)
-  config.train.update(dict(profile_steps=2, profile_start=1))
-  train_and_evaluate(config, str(tmp_path))
-  with open(tmp_path / "profile" / "summary.md") as f:
+def test_profile_steps_write_a_summary(clean_run):
+  _, workdir, _ = clean_run  # profiled at steps 2..3 (conftest.py)
+  with open(os.path.join(workdir, "profile", "summary.md")) as f:
     summary = f.read()
   assert summary.startswith("steps 2..3: host wall") and "no device events" in summary  # CPU
 
