@@ -94,6 +94,7 @@ def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
   _assert_same_grads(grads_f, grads)
 
 
+@pytest.mark.slow  # two train-step compiles
 def test_fused_loss_tied_embeddings():
   grads, loss, *_ = _sums_and_grads((1, 1, 1, 1), 0, "plain", tie_embeddings=True)
   grads_f, loss_f, *_ = _sums_and_grads((1, 1, 1, 1), 24, "plain", tie_embeddings=True)
@@ -101,6 +102,7 @@ def test_fused_loss_tied_embeddings():
   _assert_same_grads(grads_f, grads)
 
 
+@pytest.mark.slow  # a train-step compile
 def test_packed_row_overflow_makes_the_fused_loss_nan():
   _, loss, *_ = _sums_and_grads((1, 1, 1, 1), 16, "overflow", max_segments=2)
   assert np.isnan(loss)
