@@ -8,8 +8,8 @@ attention layers (effective 23:1, 11:1, 7:1, 3:1; the periodic placement gives 2
 layer each).
 
 Sizes:
-  tiny   the test's: 4 layers of width 32, 64-token rows, 6 steps, the reference op backend, two
-         cells (Gated DeltaNet 3:1 and pure), a corpus sampled from the random tiny teacher.
+  tiny   the test's: 4 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
+         cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher.
   small  one H200 cell in about a minute with compile: 24 layers of width 256 (4 attention heads of
          64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
          tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 5.2M tokens (320 steps),
@@ -65,9 +65,9 @@ class Size:
 
 
 SIZES = {
-    "tiny": Size("tiny", num_layers=4, hidden=32, heads=2, seq_len=64, batch=4, tokens=6 * 4 * 64,
+    "tiny": Size("tiny", num_layers=4, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
                  lr=3e-3, backend="reference",
-                 cells=(("gated_deltanet", "3:1"), ("gated_deltanet", "pure")),
+                 cells=(("gated_deltanet", "3:1"), TRANSFORMER),
                  ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4,
                  efficiency_lengths=(256,)),
