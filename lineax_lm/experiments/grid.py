@@ -102,6 +102,27 @@ def heldout_config(config) -> ml_collections.ConfigDict:
   return data
 
 
+def fixed_length_scorer(model, batch_size: int, length: int | None):
+  """A Scorer that pads every batch to `length` tokens (a power of two), so that all of a cell's
+  scoring (perplexity windows, RULER prompts of every length, MQAR) runs one compiled program
+  instead of one per length bucket: on a GPU a small model's compile costs far more than the
+  padded compute. `length` None: the Scorer's own buckets."""
+  import numpy as np
+  from lineax_lm.eval.scoring import Scorer
+
+  class FixedLength(Scorer):
+    def __call__(self, inputs, targets):
+      inputs, targets = np.asarray(inputs, np.int32), np.asarray(targets, np.int32)
+      L = inputs.shape[-1]
+      if length is None or L >= length:
+        return super().__call__(inputs, targets)
+      pad = ((0, 0), (0, length - L))
+      logp, greedy = super().__call__(np.pad(inputs, pad), np.pad(targets, pad))
+      return logp[:, :L], greedy[:, :L]
+
+  return FixedLength(model, batch_size)
+
+
 def score_cell(cell_dir: str, size, config) -> dict:
   """Loads the cell's trained model and scores it (see the module docstring)."""
   import numpy as np
@@ -110,7 +131,8 @@ def score_cell(cell_dir: str, size, config) -> dict:
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
   from lineax_lm.models.hybrid import ModelConfig
 
-  model, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
+  trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
+  model = fixed_length_scorer(trained, size.eval_batch, size.eval_length)
   tokenizer = data_tokenizer(run_config)
   src = make_source(heldout_config(run_config), seed=0)
   docs = [src[i] for i in range(min(len(src), size.ppl_documents))]
@@ -120,7 +142,7 @@ def score_cell(cell_dir: str, size, config) -> dict:
                             batch_size=size.eval_batch)
   out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
              heldout_tokens=ppl["tokens"])
-  rows = ruler.evaluate_tasks(model, tokenizer, tasks=list(size.ruler_tasks),
+  rows = ruler.evaluate_tasks(model if size.ruler_mode == "teacher_forced" else trained, tokenizer, tasks=list(size.ruler_tasks),
                               lengths=size.ruler_lengths, num_examples=size.ruler_examples,
                               mode=size.ruler_mode, batch_size=size.eval_batch)
   out["ruler"] = rows
@@ -285,8 +307,8 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str = "", over
   if not corpus and size.name == "tiny":  # the tiny teacher's samples: no package, seconds on CPU
     from lineax_lm.experiments.corpus import make_corpus
     corpus = os.path.join(out, "corpus")
-    make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=4,
-                max_new_tokens=48, batch_size=16, min_chars=1)
+    make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
+                max_new_tokens=48, batch_size=16, min_chars=1)    # one shape: one compile
   cells = build_cells(size_name, only, corpus, overrides, accelerator)
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),
                     [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())

@@ -8,7 +8,7 @@ attention layers (effective 23:1, 11:1, 7:1, 3:1; the periodic placement gives 2
 layer each).
 
 Sizes:
-  tiny   the test's: 4 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
+  tiny   the test's: 2 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
          cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher.
   small  one H200 cell in about a minute with compile: 24 layers of width 256 (4 attention heads of
          64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
@@ -61,24 +61,27 @@ class Size:
   mqar: tuple = ((512, 16), (512, 64))  # (sequence length, key-value pairs), scored zero-shot
   mqar_examples: int = 64
   eval_batch: int = 8
+  eval_length: int | None = 8192       # every scored row padded to this (one compile); None: buckets
   efficiency_lengths: tuple = (4096, 32768)
 
 
 SIZES = {
-    "tiny": Size("tiny", num_layers=4, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
+    "tiny": Size("tiny", num_layers=2, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
                  lr=3e-3, backend="reference",
                  cells=(("gated_deltanet", "3:1"), TRANSFORMER),
                  ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
-                 ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4,
+                 ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
                  efficiency_lengths=(256,)),
     "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
                   tokens=320 * 16 * 1024, lr=2e-3),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
-                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16),
+                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
+                 eval_length=None),
     "1.3b": Size("1.3b", num_layers=24, hidden=2048, heads=16, seq_len=2048, batch=256,
                  tokens=100_000_000_000, lr=2e-4, preset_scale="1.3b", tokenizer="",
-                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16),
+                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
+                 eval_length=None),
 }
 
 
@@ -165,6 +168,7 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) ->
   if size.name == "tiny":
     c.data.update(dict(num_threads=1, prefetch_buffer_size=2))
     c.train.warmup_steps = 1
+    c.train.checkpoint_every = steps     # the final step only
   return c
 
 
