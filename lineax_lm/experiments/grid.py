@@ -16,7 +16,8 @@ FLOPs and the tokens/s measured in training).
 
 An interrupted cell resumes from its checkpoint; SIGTERM / SIGINT stop the grid after the running
 cell saves (trainer.Interrupted). `--only` runs a subset (several processes or machines can share
-one `--out`); every run rewrites the tables from every result.json there:
+one `--out`, or gather their cells/*/result.json into one and run `--tables`); every run rewrites
+the tables from every result.json there:
   <out>/results.{md,csv,json}   every cell
   <out>/tables.md               the study's tables: held-out bits per byte, RULER mean, MQAR by
                                 mixer x ratio, and per-task RULER
@@ -336,7 +337,12 @@ def main(argv=None) -> int:
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                  help="a field of every cell's training config, e.g. train.tokens=2e6")
   p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
+  p.add_argument("--tables", action="store_true", help="only rewrite the tables and plots from the "
+                 "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
   a = p.parse_args(argv)
+  if a.tables:
+    print(write_outputs(load_results(a.out), a.out))
+    return 0
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.WARNING)     # orbax logs every save at INFO
   if a.list:

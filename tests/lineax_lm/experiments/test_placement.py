@@ -70,3 +70,15 @@ def test_grid_cells_and_only():
   big = sizes.cell_config(sizes.get_size("340m"), "gla", "6:1")
   assert ModelConfig.from_config(big.model).attn_layers == (7, 15, 23)
   assert big.train.steps == 20_000_000_000 // (256 * 2048)
+
+
+def test_the_lm_config_file_takes_preset_overrides():
+  import os
+  from lineax_lm.train.__main__ import load_config_file
+  root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+  c = load_config_file(os.path.join(root, "configs", "lm.py"))
+  c.model.preset, c.model.attn_ratio, c.train.tokens = "gla_1.3b", "6:1", 2_097_152_000
+  m = ModelConfig.from_config(c.model)
+  assert (m.mixer, m.hidden, m.attn_layers, c.train.steps) == ("gla", 2048, (7, 15, 23), 4000)
+  cell = load_config_file(os.path.join(root, "configs", "hybrid_study.py") + ":small,hgrn,24:1")
+  assert sizes.placement(cell)["effective_ratio"] == "23:1" and cell.train.steps == 320
