@@ -53,7 +53,7 @@ def shard_paths(folder: str) -> list[str]:
 
 def make_corpus(folder: str, *, teacher: str = "smollm2", shards: int = 8, docs_per_shard: int = 256,
                 heldout_docs: int = 64, max_new_tokens: int = 256, batch_size: int = 64,
-                temperature: float = 1.0, top_p: float | None = 0.95, seed: int = 0,
+                temperature: float = 1.0, top_p: float | None = None, seed: int = 0,
                 min_chars: int = 64) -> dict:
   """Samples the missing shards of `folder` (see the module docstring); returns {"train": glob of
   the shards, "heldout": path, "documents": count}. The held-out file comes first (a different
@@ -92,11 +92,15 @@ def main(argv=None):
   p.add_argument("--heldout_docs", type=int, default=64)
   p.add_argument("--max_new_tokens", type=int, default=256)
   p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=1.0)
+  p.add_argument("--top_p", type=float, default=None, help="nucleus sampling (default: none, as "
+                 "the distillation samples; on CPU its sort over the vocabulary costs time)")
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args(argv)
   info = make_corpus(a.out, teacher=a.teacher, shards=a.shards, docs_per_shard=a.docs_per_shard,
                      heldout_docs=a.heldout_docs, max_new_tokens=a.max_new_tokens,
-                     batch_size=a.batch_size, seed=a.seed)
+                     batch_size=a.batch_size, temperature=a.temperature, top_p=a.top_p,
+                     seed=a.seed)
   print(json.dumps(info, indent=1))
 
 
