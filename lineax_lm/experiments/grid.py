@@ -269,15 +269,16 @@ def write_plots(results: list[dict], out: str) -> None:
   """recall_vs_attention.png: RULER mean against the share of attention layers, one line per
   mixer (the Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte
   against training FLOPs."""
+  share, recall = "share of attention layers", "RULER-style mean"
   rows = []
   transformer = [r for r in results if r["mixer"] == "transformer"]
   for r in results:
     if r["mixer"] != "transformer":
-      rows.append(dict(mixer=r["label"], share=r["attention_share"], recall=r.get("ruler_mean")))
-      rows += [dict(mixer=r["label"], share=1.0, recall=t.get("ruler_mean")) for t in transformer]
-  rows = list({(x["mixer"], x["share"]): x for x in rows}.values())
+      rows.append({"mixer": r["label"], share: r["attention_share"], recall: r.get("ruler_mean")})
+      rows += [{"mixer": r["label"], share: 1.0, recall: t.get("ruler_mean")} for t in transformer]
+  rows = list({(x["mixer"], x[share]): x for x in rows}.values())
   if rows:
-    report.line_plot(rows, x="share", y="recall", group="mixer",
+    report.line_plot(rows, x=share, y=recall, group="mixer",
                      path=os.path.join(out, "recall_vs_attention.png"),
                      title="RULER-style mean vs share of attention layers")
   plt = report._pyplot()
