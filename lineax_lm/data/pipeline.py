@@ -22,33 +22,43 @@ iterator continues bit-for-bit.
 """
 from __future__ import annotations
 
+import copy
+
 import grain
 import ml_collections
 from ml_collections import config_dict
 
-from lineax_lm.data import packing, text
+from lineax_lm.data import packing, splits, text
 from lineax_lm.data.mqar import MQARSource
 from lineax_lm.data.tokenizer import Tokenizer, load_tokenizer
 
-SOURCES = ("mqar", "text", "jsonl", "tfds")
+SOURCES = ("mqar", "text", "jsonl", "parquet", "tfds")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
   """The `data` section of a training config, with its defaults."""
   c = ml_collections.ConfigDict()
-  c.source = "mqar"              # mqar | text | jsonl | tfds
+  c.source = "mqar"              # mqar | text | jsonl | parquet | tfds
   c.seq_len = 256                # tokens per row
   c.global_batch_size = 64       # rows per step over all processes (make_dataset's batch_size wins)
   c.shuffle = True
   c.num_epochs = config_dict.placeholder(int)  # None: repeat forever (training); 1: one pass (eval)
   c.num_threads = 2              # grain read threads (tokenization)
   c.prefetch_buffer_size = 8
-  # text / jsonl / tfds
-  c.paths = ""                   # text / jsonl: files or globs, separated by commas
+  # text / jsonl / parquet / tfds
+  c.paths = ""                   # text / jsonl / parquet: files or globs, separated by commas
   c.text_unit = "file"           # text: "file" (a file is a document) | "line" (a line is one)
-  c.text_field = "text"          # jsonl / tfds: the field holding the text
+  c.text_field = "text"          # jsonl / parquet / tfds: the field (column) holding the text
   c.tfds_name = ""               # tfds: a dataset prepared as array_record (never downloaded)
   c.tfds_split = "train"
+  # The held-out split (lineax_lm.data.splits): `split` "train" reads the training documents,
+  # "heldout" the held-out ones: `heldout_paths` (text / jsonl / parquet) or `tfds_heldout_split`
+  # (tfds) when set, else the `heldout_fraction` of the source's documents picked by a hash of their
+  # index (then "train" reads the others; 0: no held-out part, "train" reads every document).
+  c.split = "train"
+  c.heldout_fraction = 0.0
+  c.heldout_paths = ""
+  c.tfds_heldout_split = ""
   c.tfds_data_dir = config_dict.placeholder(str)  # None: TFDS's default (~/tensorflow_datasets)
   c.tokenizer = "byte"           # "byte" | path of a local tokenizer.json (or its folder)
   c.bos_token = config_dict.placeholder(str)     # tokenizer.json only; None: found automatically
@@ -79,7 +89,36 @@ def data_vocab_size(config) -> int:
 
 
 def make_source(config, seed: int):
-  """The random-access source of a config section: MQAR examples or text documents (str)."""
+  """The random-access source of a config section: MQAR examples or text documents (str) of its
+  split (`data.split`, see default_data_config)."""
+  split = config.get("split", "train")
+  if split not in splits.SPLITS:
+    raise ValueError(f"`data.split` must be one of {splits.SPLITS}; got {split!r}")
+  if config.source == "mqar":
+    return _whole_source(config, seed)
+  separate = config.get("tfds_heldout_split") if config.source == "tfds" else config.get("heldout_paths")
+  fraction = config.get("heldout_fraction") or 0.0
+  if split == "heldout" and separate:
+    key = "tfds_split" if config.source == "tfds" else "paths"
+    return _whole_source(_replaced(config, **{key: separate}), seed)
+  if separate or not fraction:
+    if split == "heldout":
+      raise ValueError("`data.split`='heldout' needs held-out data: `data.heldout_paths` (or "
+                       "`data.tfds_heldout_split` for tfds) or `data.heldout_fraction` > 0")
+    return _whole_source(config, seed)
+  return splits.SplitSource(_whole_source(config, seed), fraction, split)
+
+
+def _replaced(config, **fields):
+  """A copy of a config section with `fields` replaced."""
+  out = copy.deepcopy(config)
+  for k, v in fields.items():
+    out[k] = v
+  return out
+
+
+def _whole_source(config, seed: int):
+  """Every document (or MQAR example) of a config section's source, ignoring the split."""
   if config.source == "mqar":
     m = config.mqar
     return MQARSource(vocab_size=m.vocab_size, seq_len=config.seq_len, num_kv_pairs=m.num_kv_pairs,
@@ -89,6 +128,8 @@ def make_source(config, seed: int):
     return text.TextFileSource(config.paths, unit=config.text_unit)
   if config.source == "jsonl":
     return text.JsonlSource(config.paths, text_field=config.text_field)
+  if config.source == "parquet":
+    return text.ParquetSource(config.paths, text_field=config.text_field)
   if config.source == "tfds":
     return text.tfds_text_source(config.tfds_name, split=config.tfds_split,
                                  data_dir=config.tfds_data_dir, text_field=config.text_field)

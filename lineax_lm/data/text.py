@@ -4,6 +4,8 @@
   non-empty line.
 - `JsonlSource(paths, text_field="text")`: JSON-lines files (local or gs://...); a document is the `text_field` of
   one line's object.
+- `ParquetSource(paths, text_field="text")`: Parquet files (local or gs://..., read with pyarrow);
+  a document is the `text_field` of one row (fineweb-edu's shards have a "text" column).
 - `tfds_text_source(name, split=..., data_dir=..., text_field=...)`: a TFDS dataset already prepared
   in a random-access format (array_record) on local disk, read through `tfds.data_source`; never
   downloads, and a dataset that is not there raises a FileNotFoundError saying how to prepare it.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import codecs
+import functools
 import json
 import os
 from typing import Sequence
@@ -175,6 +178,64 @@ class JsonlSource(_LinesSource):
 
   def __repr__(self) -> str:
     return f"JsonlSource({len(self.files)} files, text_field={self.text_field!r}, {len(self)} documents)"
+
+
+class ParquetSource:
+  """Parquet files; document i is the string column `text_field` of the i-th row over the files.
+
+  Rows are read one row group at a time (the last few row groups stay cached), so access in file
+  order is cheap and a global shuffle reads about one row group per document: for corpora much
+  larger than memory prefer TFDS array_record (`source="tfds"`) or jsonl."""
+
+  def __init__(self, paths: str | Sequence[str], text_field: str = "text", cached_groups: int = 8):
+    try:
+      import pyarrow.parquet as pq
+    except ImportError as e:
+      raise ImportError("`data.source='parquet'` needs pyarrow, which is not installed: "
+                        "pip install pyarrow") from e
+    self._pq, self.files, self.text_field = pq, resolve_paths(paths), text_field
+    self._groups = []    # (file index, row group index) in order
+    rows = [0]
+    for fi, path in enumerate(self.files):
+      with storage.open_file(path, "rb") as f:
+        meta = pq.ParquetFile(f)
+        names = meta.schema_arrow.names
+        if text_field not in names:
+          raise ValueError(f"{path}: no column `text_field` = {text_field!r} (columns: {names})")
+        for g in range(meta.num_row_groups):
+          self._groups.append((fi, g))
+          rows.append(rows[-1] + meta.metadata.row_group(g).num_rows)
+    self._starts = rows
+    if rows[-1] == 0:
+      raise ValueError(f"`paths`: the files {self.files} hold no row")
+    self._read_group = functools.lru_cache(maxsize=cached_groups)(self._read_group_uncached)
+
+  def _read_group_uncached(self, group: int) -> list:
+    fi, g = self._groups[group]
+    with storage.open_file(self.files[fi], "rb") as f:
+      table = self._pq.ParquetFile(f).read_row_group(g, columns=[self.text_field])
+    return table.column(0).to_pylist()
+
+  def __len__(self) -> int:
+    return self._starts[-1]
+
+  def __getitem__(self, index: int) -> str:
+    index = int(index)
+    if not 0 <= index < len(self):
+      raise IndexError(f"document index {index} is outside [0, {len(self)})")
+    group = bisect.bisect_right(self._starts, index) - 1
+    text = self._read_group(group)[index - self._starts[group]]
+    if isinstance(text, bytes):
+      text = text.decode("utf-8")
+    if not isinstance(text, str):
+      fi, _ = self._groups[group]
+      raise ValueError(f"{self.files[fi]}: row {index - self._starts[group]} of row group "
+                       f"{self._groups[group][1]} has no string in column {self.text_field!r} "
+                       f"(got {type(text).__name__})")
+    return text
+
+  def __repr__(self) -> str:
+    return f"ParquetSource({len(self.files)} files, text_field={self.text_field!r}, {len(self)} documents)"
 
 
 class _FieldSource:

@@ -18,20 +18,11 @@ point `paths` / `tfds_split` at data the run did not train on, e.g. a TFDS "vali
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Sequence
 
 from lineax_lm.data.pipeline import make_source
+from lineax_lm.data.splits import heldout_indices  # noqa: F401  (the split lives with the data)
 from lineax_lm.eval.scoring import as_scorer, rolling_windows, score_pairs
-
-
-def heldout_indices(num_documents: int, fraction: float, salt: int = 0) -> list[int]:
-  """The indices i in [0, num_documents) with crc32(i, salt) in the lowest `fraction` (about
-  fraction * num_documents of them, the same ones for any size that contains them)."""
-  if not 0 < fraction <= 1:
-    raise ValueError(f"`fraction` must be in (0, 1]; got {fraction}")
-  cut = int(fraction * 2**32)
-  return [i for i in range(num_documents) if zlib.crc32(f"{salt}:{i}".encode()) < cut]
 
 
 def heldout_documents(data_config, *, fraction: float = 1.0, max_documents: int | None = None,

@@ -280,3 +280,15 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
         row["answer_logprob"] = float(np.mean([ll for ll, _ in res]))
       rows.append(row)
   return rows
+
+
+def ruler_means(rows: Sequence[dict]) -> dict:
+  """{"ruler_mean": mean accuracy over every task and length that has one, "ruler_mean_<L>": the
+  mean over the tasks at length L} of `evaluate_tasks` rows (a RULER-like average; rows whose
+  length cannot hold the task, accuracy None, are left out)."""
+  scored = [r for r in rows if r["accuracy"] is not None]
+  out = {"ruler_mean": float(np.mean([r["accuracy"] for r in scored])) if scored else None}
+  for L in dict.fromkeys(r["length"] for r in rows):
+    at = [r["accuracy"] for r in scored if r["length"] == L]
+    out[f"ruler_mean_{L}"] = float(np.mean(at)) if at else None
+  return out

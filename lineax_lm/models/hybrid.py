@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import warnings
 from typing import Any, Mapping
 
 import jax
@@ -83,13 +85,40 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, config) -> "ModelConfig":
-    """From an ml_collections ConfigDict (or any mapping) with a subset of the fields."""
+    """From an ml_collections ConfigDict (or any mapping) with a subset of the fields. A `preset`
+    key naming one of lineax_lm.models.presets.PRESETS starts from that preset; the other keys then
+    override it, except those left None (a preset-based config, lineax_lm.train.config.lm_config,
+    leaves every field it does not set None)."""
     d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    preset = d.pop("preset", None)
+    placement = d.pop("attn_placement", None) or "periodic"
+    if placement not in PLACEMENTS:
+      raise ValueError(f"`attn_placement` must be one of {PLACEMENTS}; got {placement!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
       raise ValueError(f"unknown model config key(s) {unknown}; known: {sorted(names)}")
-    return cls(**d)
+    if not preset:
+      return cls(**cls._placed(d, placement))
+    from lineax_lm.models.presets import get_preset  # presets import this module
+    overrides = {k: v for k, v in d.items() if v is not None and not (k == "mixer_cfg" and not v)}
+    base = get_preset(preset)
+    if "mixer_cfg" in overrides:  # options added to the preset's, not replacing them
+      overrides["mixer_cfg"] = {**dict(base.mixer_cfg), **dict(overrides["mixer_cfg"])}
+    if "attn_ratio" in overrides and "attn_layers" not in overrides:
+      overrides["attn_layers"] = None  # a preset's explicit layers give way to a ratio given here
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)} | overrides
+    return cls(**cls._placed(fields, placement))
+
+  @classmethod
+  def _placed(cls, fields: dict, placement: str) -> dict:
+    """ModelConfig `fields` with the ratio's layers listed by `spread_attention_layers` when
+    `placement` is "spread" (and no explicit attn_layers are given)."""
+    if placement == "spread" and fields.get("attn_layers") is None:
+      layers = fields.get("num_layers", cls.num_layers)
+      ratio = fields.get("attn_ratio", cls.attn_ratio)
+      return {**fields, "attn_layers": spread_attention_layers(layers, ratio)}
+    return fields
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)
@@ -114,6 +143,11 @@ class ModelConfig:
                         norm_eps=self.norm_eps, backend=self.backend)
 
 
+# How a ratio places its attention layers when a config section names `attn_placement`:
+# "periodic" (`attention_layers`, the default) or "spread" (`spread_attention_layers`).
+PLACEMENTS = ("periodic", "spread")
+
+
 def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -> tuple:
   """Indices of the attention layers. "r:1": r linear layers then one attention layer, repeated
   (when num_layers < r + 1 the one attention layer is the last layer)."""
@@ -132,7 +166,52 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
     raise ValueError(f"`attn_ratio` must be 'pure', 'transformer', 'attention' or 'r:1' with r >= 1 "
                      f"(e.g. '3:1'); got {attn_ratio!r}")
   period = int(r) + 1
-  return tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
+  layers = tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
+  wanted = ratio_layer_count(num_layers, int(r))
+  if len(layers) != wanted:
+    warnings.warn(
+        f"attn_ratio {attn_ratio!r} at {num_layers} layers places {len(layers)} attention layer(s) "
+        f"{list(layers)} (effective {effective_ratio(num_layers, layers)}), where the ratio asks for "
+        f"{wanted}; ratios whose counts coincide at this depth give the same model. "
+        f"spread_attention_layers({num_layers}, {attn_ratio!r}) = "
+        f"{list(spread_attention_layers(num_layers, attn_ratio))} (pass it as attn_layers)",
+        stacklevel=2)
+  return layers
+
+
+def ratio_layer_count(num_layers: int, r: int) -> int:
+  """The number of attention layers an "r:1" ratio asks for at `num_layers`: num_layers / (r + 1)
+  rounded to the nearest integer (halves up), at least 1."""
+  return min(num_layers, max(1, math.floor(num_layers / (r + 1) + 0.5)))
+
+
+def spread_attention_layers(num_layers: int, attn_ratio: str) -> tuple:
+  """Attention layers for `attn_ratio` that keep the asked share of attention at any depth:
+  n = `ratio_layer_count` layers, each the last layer of one of n equal stretches of the stack
+  (round((j + 1) num_layers / n) - 1). Where the periodic placement of `attention_layers` is exact
+  (3:1 at 24 layers: 3, 7, ..., 23) the two agree; at 24 layers "24:1", "12:1", "6:1", "3:1" give
+  1, 2, 3, 6 layers (effective 23:1, 11:1, 7:1, 3:1), where the periodic placement gives 1, 1, 3, 6.
+  "pure" and "transformer" are as in `attention_layers`."""
+  ratio = str(attn_ratio).strip().lower()
+  if not ratio.endswith(":1"):
+    return attention_layers(num_layers, attn_ratio)
+  attention_layers(num_layers, "1:1")  # validates num_layers
+  r = ratio.partition(":")[0]
+  if not r.isdigit() or int(r) < 1:
+    return attention_layers(num_layers, attn_ratio)  # raises the ratio's error
+  n = ratio_layer_count(num_layers, int(r))
+  return tuple(sorted({math.floor((j + 1) * num_layers / n + 0.5) - 1 for j in range(n)}))
+
+
+def effective_ratio(num_layers: int, attn_layers) -> str:
+  """The linear:attention ratio a placement has: "pure", "transformer", or "<linear / attention>:1"
+  (e.g. "7:1" for 3 attention layers of 24; fractions with up to two decimals)."""
+  n = len(set(attn_layers))
+  if n == 0:
+    return "pure"
+  if n == num_layers:
+    return "transformer"
+  return f"{round((num_layers - n) / n, 2):g}:1"
 
 
 def segment_ids_from_cu_seqlens(cu_seqlens, length: int):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 from lineax_lm.data.pipeline import default_data_config
 
@@ -34,4 +35,44 @@ def base_config() -> ml_collections.ConfigDict:
   # -1: all remaining devices. context > 1 splits every sequence into that many contiguous slices,
   # one per device (context parallelism: data.seq_len must be a multiple of it).
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, context=1, tensor=1))
+  return c
+
+
+def lm_config(preset: str = "", tokens: int = 0) -> ml_collections.ConfigDict:
+  """Language-model pretraining on text: `base_config()` with a model named by a preset
+  (lineax_lm.models.presets), a token budget, a text corpus and a held-out split.
+
+    python -m lineax_lm.train --config configs/lm.py --workdir runs/gdn_6to1 \\
+        --config.model.preset=gated_deltanet_340m --config.model.attn_ratio=6:1 \\
+        --config.train.tokens=20_000_000_000 --config.data.source=parquet \\
+        --config.data.paths='fineweb-edu/sample/10BT/*.parquet' --config.data.tokenizer=tok.json
+
+  model   preset (required), and the fields a preset run may change: attn_ratio, attn_layers,
+          attn_placement ("spread", the default here: the ratio's share of attention at any depth,
+          lineax_lm.models.hybrid.spread_attention_layers; "periodic": attention_layers), mixer_cfg
+          (options added to the preset's), dtype, param_dtype, backend, remat, attn_impl,
+          scan_layers. A field left None keeps the preset's value.
+  train   tokens: the budget; steps = tokens // (data.global_batch_size * data.seq_len), warmup
+          1/32 of them, a checkpoint every quarter (all derived lazily: overriding tokens, the batch
+          or the length on the command line moves them). Setting train.steps directly cuts the link.
+  data    a text source (text / jsonl / parquet / tfds) with the held-out split of
+          lineax_lm.data.splits (`split`, `heldout_fraction`, `heldout_paths`, `tfds_heldout_split`).
+  """
+  c = base_config()
+  c.model = ml_collections.ConfigDict(dict(
+      preset=preset, attn_ratio=config_dict.placeholder(str),
+      attn_layers=config_dict.placeholder(tuple), attn_placement="spread",
+      mixer_cfg=ml_collections.ConfigDict(), dtype=config_dict.placeholder(str),
+      param_dtype=config_dict.placeholder(str), backend=config_dict.placeholder(str),
+      remat=config_dict.placeholder(str), attn_impl=config_dict.placeholder(str),
+      scan_layers=config_dict.placeholder(bool)))
+  c.data.update(dict(source="jsonl", seq_len=2048, global_batch_size=256, heldout_fraction=0.01))
+  c.train.update(dict(lr=3e-4, min_lr_ratio=0.1, weight_decay=0.1, b2=0.95, log_every=50))
+  with c.unlocked():
+    c.train.tokens = tokens
+  steps = c.train.get_ref("tokens") // (c.data.get_ref("global_batch_size") * c.data.get_ref("seq_len"))
+  c.train.steps = steps
+  c.train.warmup_steps = steps // 32
+  c.train.checkpoint_every = (steps + 3) // 4
+  c.eval.every = (steps + 3) // 4
   return c

@@ -111,7 +111,7 @@ def test_process_shards_are_disjoint(tmp_path):
 
 def test_config_errors(tmp_path):
   with pytest.raises(ValueError, match="source"):
-    make_dataset(mqar_config(source="parquet"), seed=0, process_index=0, process_count=1)
+    make_dataset(mqar_config(source="csv"), seed=0, process_index=0, process_count=1)
   with pytest.raises(ValueError, match="process_count"):
     make_dataset(mqar_config(), seed=0, process_index=0, process_count=3)
   with pytest.raises(ValueError, match="process_index"):

@@ -1,0 +1,26 @@
+"""One cell of the hybrid-ratio study as a plain training run (the grid runs every cell and scores
+them: python -m lineax_lm.experiments.grid, docs/hybrid_study.md).
+
+    python -m lineax_lm.train --config configs/hybrid_study.py:small,gla,6:1 --workdir runs/gla_6-1 \
+        --config.data.paths='corpora/smollm2/train-*.jsonl' \
+        --config.data.heldout_paths=corpora/smollm2/heldout.jsonl
+    python -m lineax_lm.train --config configs/hybrid_study.py:340m,gated_deltanet,3:1 --workdir ... \
+        --config.data.source=parquet --config.data.paths='fineweb-edu/sample/100BT/*.parquet' \
+        --config.data.tokenizer=tokenizer.json
+
+The argument is "size,mixer,ratio" (sizes and cells: lineax_lm.experiments.sizes); "size,transformer"
+is the Transformer of a size. The token budget is `train.tokens` (steps follow from it).
+"""
+from lineax_lm.experiments import sizes
+
+
+def get_config(arg: str = "small,gated_deltanet,3:1"):
+  parts = [p.strip() for p in arg.split(",")]
+  if len(parts) == 2 and parts[1] == "transformer":
+    parts.append("transformer")
+  if len(parts) != 3:
+    raise ValueError(f"config argument must be 'size,mixer,ratio' or 'size,transformer'; got {arg!r}")
+  size, mixer, ratio = parts
+  if (mixer, ratio) not in sizes.all_cells(sizes.SIZES["small"]):
+    raise ValueError(f"no cell {mixer}:{ratio}; mixers {sizes.MIXERS}, ratios {sizes.RATIOS}")
+  return sizes.cell_config(sizes.get_size(size), mixer, ratio)

@@ -1,0 +1,365 @@
+"""The hybrid-ratio study, every mixer x ratio cell plus the Transformer, in one resumable command.
+
+    python -m lineax_lm.experiments.grid --size small --out runs/hybrid_small \
+        --corpus corpora/smollm2 [--only gla:6:1,hgrn:pure,transformer] [--set train.tokens=...]
+
+Per cell (lineax_lm.experiments.sizes says which cells and sizes there are), in
+`<out>/cells/<cell>/`:
+  run/          the training run (`train_and_evaluate`: Orbax checkpoints, metrics.jsonl)
+  result.json   written last, once the cell is trained and scored: a rerun skips the cell
+Scores: held-out perplexity and bits per byte (the corpus's held-out documents, never trained on),
+the RULER-style tasks (lineax_lm.eval.ruler: needle single / multi-key / multi-value /
+multi-query, variable tracking, common and frequent words) at each length with their mean, MQAR
+(zero-shot: in-context associative recall of random byte pairs, lineax_lm.eval.mqar), and the
+efficiency rows (lineax_lm.eval.efficiency: parameters, token-mixing FLOPs, cache bytes, training
+FLOPs and the tokens/s measured in training).
+
+An interrupted cell resumes from its checkpoint; SIGTERM / SIGINT stop the grid after the running
+cell saves (trainer.Interrupted). `--only` runs a subset (several processes or machines can share
+one `--out`, or gather their cells/*/result.json into one and run `--tables`); every run rewrites
+the tables from every result.json there:
+  <out>/results.{md,csv,json}   every cell
+  <out>/tables.md               the study's tables: held-out bits per byte, RULER mean, MQAR by
+                                mixer x ratio, and per-task RULER
+  <out>/recall_vs_attention.png, quality_vs_flops.png   (when matplotlib is installed)
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import logging
+import os
+import sys
+import time
+
+import ml_collections
+
+from lineax_lm.eval import report
+from lineax_lm.experiments import sizes as sizes_lib
+
+log = logging.getLogger("lineax_lm")
+
+
+# ----------------------------------------------------------------------------- config of a cell
+def apply_overrides(config, overrides) -> None:
+  """`["train.tokens=1e9", "data.paths=/x/*.jsonl"]` set on `config` (values read as Python
+  literals when they parse, else kept as strings); an unknown field is a ValueError."""
+  for item in overrides or ():
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"`--set` takes field=value; got {item!r}")
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    node, *path = key.strip().split(".")
+    parent, names = config, [node] + path
+    for name in names[:-1]:
+      if name not in parent:
+        raise ValueError(f"`--set {item}`: the cell config has no field {key!r}")
+      parent = parent[name]
+    if names[-1] not in parent:
+      raise ValueError(f"`--set {item}`: the cell config has no field {key!r}")
+    if isinstance(value, float) and value.is_integer() and isinstance(parent[names[-1]], int):
+      value = int(value)
+    parent[names[-1]] = value
+
+
+def corpus_data(corpus: str) -> dict:
+  """The data fields of a corpus folder made by lineax_lm.experiments.corpus (train shards and a
+  held-out file), or {} when `corpus` is empty (then `--set data.paths=...` names the data)."""
+  if not corpus:
+    return {}
+  shards = os.path.join(corpus, "train-*.jsonl")
+  heldout = os.path.join(corpus, "heldout.jsonl")
+  if not os.path.exists(heldout):
+    raise FileNotFoundError(f"`--corpus` {corpus}: no heldout.jsonl; make the corpus with "
+                            "python -m lineax_lm.experiments.corpus --out " + corpus)
+  return dict(source="jsonl", paths=shards, heldout_paths=heldout, heldout_fraction=0.0)
+
+
+def build_cells(size_name: str, only: str = "", corpus: str = "", overrides=(),
+                accelerator: bool | None = None) -> list[dict]:
+  """{"name", "mixer", "ratio", "config", placement fields} of the cells to run."""
+  if accelerator is None:
+    import jax
+    accelerator = jax.default_backend() != "cpu"
+  size = sizes_lib.get_size(size_name)
+  out = []
+  for mixer, ratio in sizes_lib.parse_cells(only, size):
+    c = sizes_lib.cell_config(size, mixer, ratio, accelerator)
+    c.data.update(corpus_data(corpus))
+    apply_overrides(c, overrides)
+    out.append(dict(name=sizes_lib.cell_name(mixer, ratio), mixer=mixer, ratio=ratio, config=c,
+                    **sizes_lib.placement(c)))
+  return out
+
+
+# ----------------------------------------------------------------------------- one cell
+def heldout_config(config) -> ml_collections.ConfigDict:
+  data = ml_collections.ConfigDict(config.data.to_dict())
+  data.split = "heldout"
+  return data
+
+
+def fixed_length_scorer(model, batch_size: int, length: int | None):
+  """A Scorer that pads every batch to `length` tokens (a power of two), so that all of a cell's
+  scoring (perplexity windows, RULER prompts of every length, MQAR) runs one compiled program
+  instead of one per length bucket: on a GPU a small model's compile costs far more than the
+  padded compute. `length` None: the Scorer's own buckets."""
+  import numpy as np
+  from lineax_lm.eval.scoring import Scorer
+
+  class FixedLength(Scorer):
+    def __call__(self, inputs, targets):
+      inputs, targets = np.asarray(inputs, np.int32), np.asarray(targets, np.int32)
+      L = inputs.shape[-1]
+      if length is None or L >= length:
+        return super().__call__(inputs, targets)
+      pad = ((0, 0), (0, length - L))
+      logp, greedy = super().__call__(np.pad(inputs, pad), np.pad(targets, pad))
+      return logp[:, :L], greedy[:, :L]
+
+  return FixedLength(model, batch_size)
+
+
+def score_cell(cell_dir: str, size, config) -> dict:
+  """Loads the cell's trained model and scores it (see the module docstring)."""
+  import numpy as np
+  from lineax_lm.data.pipeline import make_source
+  from lineax_lm.eval import efficiency, language, mqar, ruler
+  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
+  from lineax_lm.models.hybrid import ModelConfig
+
+  trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
+  model = fixed_length_scorer(trained, size.eval_batch, size.eval_length)
+  tokenizer = data_tokenizer(run_config)
+  src = make_source(heldout_config(run_config), seed=0)
+  docs = [src[i] for i in range(min(len(src), size.ppl_documents))]
+  out = {}
+  t = time.time()
+  ppl = language.perplexity(model, tokenizer, docs, max_len=run_config.data.seq_len,
+                            batch_size=size.eval_batch)
+  out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
+             heldout_tokens=ppl["tokens"])
+  rows = ruler.evaluate_tasks(model if size.ruler_mode == "teacher_forced" else trained, tokenizer, tasks=list(size.ruler_tasks),
+                              lengths=size.ruler_lengths, num_examples=size.ruler_examples,
+                              mode=size.ruler_mode, batch_size=size.eval_batch)
+  out["ruler"] = rows
+  out.update(ruler.ruler_means(rows))
+  mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(
+      model, vocab_size=min(256, run_config.model.get("vocab_size") or 256), seq_len=L,
+      num_kv_pairs=n, num_examples=size.mqar_examples, batch_size=size.eval_batch))
+      for L, n in size.mqar]
+  out["mqar"] = mq
+  out["mqar_mean"] = float(np.mean([r["accuracy"] for r in mq])) if mq else None
+  out["eval_seconds"] = round(time.time() - t, 1)
+  model_cfg = ModelConfig.from_config(run_config.model)
+  costs = [efficiency.model_costs(model_cfg, L) for L in size.efficiency_lengths]
+  train_costs = efficiency.model_costs(model_cfg, run_config.data.seq_len // 2)
+  per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]
+               + 2 * model_cfg.hidden * model_cfg.vocab_size)       # forward, causal mean context
+  out.update(params=costs[0]["params"],
+             train_flops=3.0 * per_token * run_config.train.steps * run_config.data.seq_len
+             * run_config.data.global_batch_size,
+             efficiency=[dict(context_len=c["context_len"], mixing_MFLOPs_per_token=c["mixing_flops"] / 1e6,
+                              decode_mixing_MFLOPs=c["decode_mixing_flops"] / 1e6,
+                              cache_MiB=c["cache_bytes"] / 2**20, kv_cache_MiB=c["kv_cache_bytes"] / 2**20,
+                              state_MiB=c["state_cache_bytes"] / 2**20) for c in costs])
+  return out
+
+
+def train_cell(config, run_dir: str) -> dict:
+  """One training run (resuming from its checkpoint); a signal raises trainer.Interrupted."""
+  from lineax_lm.train.trainer import raise_if_interrupted, train_and_evaluate
+  return raise_if_interrupted(train_and_evaluate(config, run_dir), run_dir)
+
+
+def run_cell(cell: dict, size, out: str) -> dict:
+  """Trains and scores one cell unless its result.json exists; returns the result."""
+  cell_dir = os.path.join(out, "cells", cell["name"])
+  path = os.path.join(cell_dir, "result.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  os.makedirs(cell_dir, exist_ok=True)
+  start = time.time()
+  summary = train_cell(cell["config"], os.path.join(cell_dir, "run"))
+  train_seconds = round(time.time() - start, 1)
+  result = {k: cell[k] for k in ("name", "mixer", "ratio", "attn_layers", "attention_share",
+                                 "effective_ratio")}
+  result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
+                train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
+                train_seconds=train_seconds)
+  result.update(score_cell(cell_dir, size, cell["config"]))
+  result["seconds"] = round(time.time() - start, 1)
+  report.write_json(path, result)
+  return result
+
+
+# ----------------------------------------------------------------------------- tables and plots
+COLUMNS = ("name", "label", "ratio", "effective_ratio", "attention_share", "heldout_bits_per_byte",
+           "heldout_perplexity", "ruler_mean", "mqar_mean", "params", "train_flops", "tokens_per_s",
+           "train_seconds", "eval_seconds", "seconds")
+
+
+def load_results(out: str) -> list[dict]:
+  folder = os.path.join(out, "cells")
+  results = []
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+    path = os.path.join(folder, name, "result.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        results.append(json.load(f))
+  order = {sizes_lib.cell_name(m, r): i for i, (m, r) in enumerate(
+      [(m, r) for m in sizes_lib.MIXERS for r in sizes_lib.RATIOS] + [sizes_lib.TRANSFORMER])}
+  return sorted(results, key=lambda r: order.get(r["name"], len(order)))
+
+
+def _pivot(results, value, fmt="{:.3f}") -> str:
+  rows = []
+  for r in results:
+    col = "Transformer" if r["mixer"] == "transformer" else r["ratio"]
+    rows.append(dict(mixer=r["label"], col=col, value=r.get(value)))
+  return report.pivot_table(rows, row="mixer", col="col", value="value", fmt=fmt).replace(
+      "col=", "")
+
+
+def tables_markdown(results: list[dict]) -> str:
+  """The study's tables: LM metric, recall and MQAR by mixer x ratio, and RULER per task."""
+  if not results:
+    return "(no finished cells)\n"
+  size = results[0].get("size", "?")
+  parts = [f"# Hybrid-ratio study, size {size}: {len(results)} cells\n",
+           "Columns are the nominal linear:attention ratios; effective ratios at the depth are in "
+           "results.md. Lower bits per byte is better; recall and MQAR are accuracies in [0, 1].\n",
+           "## Held-out bits per byte\n", _pivot(results, "heldout_bits_per_byte"),
+           "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
+           "\n## MQAR (zero-shot) mean\n", _pivot(results, "mqar_mean")]
+  lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
+  for L in lengths:
+    parts += [f"\n## RULER-style mean at {L} tokens\n", _pivot(results, f"ruler_mean_{L}")]
+  task_rows = []
+  for r in results:
+    by_task = {}
+    for row in r.get("ruler", ()):
+      if row["accuracy"] is not None:
+        by_task.setdefault(row["task"], []).append(row["accuracy"])
+    task_rows.append(dict(cell=r["name"], **{t: sum(v) / len(v) for t, v in by_task.items()}))
+  parts += ["\n## RULER-style tasks (mean over lengths)\n", report.markdown_table(task_rows)]
+  return "\n".join(parts) + "\n"
+
+
+def write_outputs(results: list[dict], out: str) -> str:
+  """results.{md,csv,json}, tables.md and the plots; returns tables.md's text."""
+  os.makedirs(out, exist_ok=True)
+  if results:
+    report.write_rows(results, os.path.join(out, "results"), COLUMNS, "Hybrid-ratio study: every cell",
+                      formats={"attention_share": "{:.3f}", "train_flops": "{:.3g}"})
+  md = tables_markdown(results)
+  report.write_atomically(os.path.join(out, "tables.md"), lambda f: f.write(md))
+  from lineax_lm.extras import available
+  if results and available("matplotlib"):
+    write_plots(results, out)
+  return md
+
+
+def write_plots(results: list[dict], out: str) -> None:
+  """recall_vs_attention.png: RULER mean against the share of attention layers, one line per
+  mixer (the Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte
+  against training FLOPs."""
+  share, recall = "share of attention layers", "RULER-style mean"
+  rows = []
+  transformer = [r for r in results if r["mixer"] == "transformer"]
+  for r in results:
+    if r["mixer"] != "transformer":
+      rows.append({"mixer": r["label"], share: r["attention_share"], recall: r.get("ruler_mean")})
+      rows += [{"mixer": r["label"], share: 1.0, recall: t.get("ruler_mean")} for t in transformer]
+  rows = list({(x["mixer"], x[share]): x for x in rows}.values())
+  if rows:
+    report.line_plot(rows, x=share, y=recall, group="mixer",
+                     path=os.path.join(out, "recall_vs_attention.png"),
+                     title="RULER-style mean vs share of attention layers")
+  plt = report._pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  for r in results:
+    if r.get("heldout_bits_per_byte") is None:
+      continue
+    ax.scatter(r["train_flops"], r["heldout_bits_per_byte"], s=25)
+    ax.annotate(r["name"], (r["train_flops"], r["heldout_bits_per_byte"]), fontsize=6,
+                xytext=(3, 3), textcoords="offset points")
+  ax.set_xscale("log")
+  ax.set_xlabel("training FLOPs (forward + backward, estimated)")
+  ax.set_ylabel("held-out bits per byte (lower is better)")
+  ax.set_title("LM quality vs training compute")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "quality_vs_flops.png"), dpi=120)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the grid
+def run_grid(size_name: str, out: str, *, only: str = "", corpus: str = "", overrides=(),
+             progress: bool = True, accelerator: bool | None = None) -> list[dict]:
+  """Runs every cell not yet finished (see the module docstring); returns every result in `out`."""
+  from tqdm import tqdm
+  size = sizes_lib.get_size(size_name)
+  os.makedirs(out, exist_ok=True)
+  if not corpus and size.name == "tiny":  # the tiny teacher's samples: no package, seconds on CPU
+    from lineax_lm.experiments.corpus import make_corpus
+    corpus = os.path.join(out, "corpus")
+    make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
+                max_new_tokens=48, batch_size=16, min_chars=1)    # one shape: one compile
+  cells = build_cells(size_name, only, corpus, overrides, accelerator)
+  report.write_json(os.path.join(out, f"grid_{size_name}.json"),
+                    [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())
+                     for c in cells])
+  bar = tqdm(cells, unit="cell", disable=not progress, dynamic_ncols=True)
+  for cell in bar:
+    bar.set_description(cell["name"])
+    result = run_cell(cell, size, out)
+    bar.set_postfix(bpb=f"{result['heldout_bits_per_byte']:.3f}",
+                    ruler=f"{result['ruler_mean']:.3f}" if result.get("ruler_mean") is not None else "-")
+    write_outputs(load_results(out), out)
+  results = load_results(out)
+  write_outputs(results, out)
+  return results
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description="The hybrid-ratio study grid (docs/hybrid_study.md).")
+  p.add_argument("--size", required=True, choices=sorted(sizes_lib.SIZES))
+  p.add_argument("--out", required=True, help="the grid folder (cells/, tables, plots)")
+  p.add_argument("--corpus", default="", help="a folder made by lineax_lm.experiments.corpus "
+                 "(train-*.jsonl + heldout.jsonl); else name the data with --set data.*")
+  p.add_argument("--only", default="", help="cells to run: mixer:ratio,... (e.g. gla:6:1,"
+                 "hgrn:pure,transformer; a bare mixer runs all its ratios)")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                 help="a field of every cell's training config, e.g. train.tokens=2e6")
+  p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
+  p.add_argument("--tables", action="store_true", help="only rewrite the tables and plots from the "
+                 "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
+  a = p.parse_args(argv)
+  if a.tables:
+    print(write_outputs(load_results(a.out), a.out))
+    return 0
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.WARNING)     # orbax logs every save at INFO
+  if a.list:
+    for c in build_cells(a.size, a.only, a.corpus, a.overrides, accelerator=False):
+      print(f"{c['name']:24s} attention layers {c['attn_layers']} (effective {c['effective_ratio']})")
+    return 0
+  from lineax_lm.train.trainer import Interrupted
+  try:
+    run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides)
+  except Interrupted as e:
+    print(f"grid stopped: {e}", file=sys.stderr)
+    return 1
+  with open(os.path.join(a.out, "tables.md")) as f:
+    print(f.read())
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

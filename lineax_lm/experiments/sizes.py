@@ -1,0 +1,186 @@
+"""The hybrid-ratio study's grid and sizes: which cells there are, and each cell's training config.
+
+Cells: the six linear mixers of the study (HGRN, HGRN-2, RetNet, GLA, DeltaNet, Gated DeltaNet) at
+linear:attention ratios 24:1, 12:1, 6:1, 3:1 and pure, plus the Transformer (31 cells). Attention
+layers are placed by `spread_attention_layers` (the ratio's share of attention at the depth), so at
+the study's depth of 24 layers the four hybrid ratios are four different models: 1, 2, 3 and 6
+attention layers (effective 23:1, 11:1, 7:1, 3:1; the periodic placement gives 24:1 and 12:1 one
+layer each).
+
+Sizes:
+  tiny   the test's: 2 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
+         cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher.
+  small  one H200 cell in about a minute with compile: 24 layers of width 256 (4 attention heads of
+         64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
+         tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 5.2M tokens (320 steps),
+         lr 2e-3, on the SmolLM2 teacher-sample corpus (lineax_lm.experiments.corpus).
+  340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
+         32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
+         AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
+  1.3b   the 1.3B presets (width 2048), 100B tokens, otherwise as 340m (lr 2e-4).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from lineax_lm.models.hybrid import ModelConfig, effective_ratio
+from lineax_lm.models.presets import MIXER_SIZES
+from lineax_lm.train.config import lm_config
+
+MIXERS = ("hgrn", "hgrn2", "retention", "gla", "deltanet", "gated_deltanet")
+LABELS = {"hgrn": "HGRN", "hgrn2": "HGRN-2", "retention": "RetNet", "gla": "GLA",
+          "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "transformer": "Transformer"}
+RATIOS = ("24:1", "12:1", "6:1", "3:1", "pure")
+TRANSFORMER = ("transformer", "transformer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """One size of the study: model, data and budget, and how each cell is evaluated."""
+  name: str
+  num_layers: int
+  hidden: int
+  heads: int
+  seq_len: int
+  batch: int
+  tokens: int
+  lr: float
+  preset_scale: str | None = None      # "340m" / "1.3b": the presets; None: the widths here
+  tokenizer: str = "byte"
+  backend: str = "auto"
+  cells: tuple = ()                    # () : every mixer x ratio and the Transformer
+  # evaluation
+  ppl_documents: int = 64              # held-out documents scored
+  ruler_tasks: tuple = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
+                        "vt", "cwe", "fwe")
+  ruler_lengths: tuple = (1024, 2048, 4096)
+  ruler_examples: int = 8
+  ruler_mode: str = "teacher_forced"
+  mqar: tuple = ((512, 16), (512, 64))  # (sequence length, key-value pairs), scored zero-shot
+  mqar_examples: int = 64
+  eval_batch: int = 8
+  eval_length: int | None = 8192       # every scored row padded to this (one compile); None: buckets
+  efficiency_lengths: tuple = (4096, 32768)
+
+
+SIZES = {
+    "tiny": Size("tiny", num_layers=2, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
+                 lr=3e-3, backend="reference",
+                 cells=(("gated_deltanet", "3:1"), TRANSFORMER),
+                 ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
+                 ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
+                 efficiency_lengths=(256,)),
+    "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
+                  tokens=320 * 16 * 1024, lr=2e-3),
+    "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
+                 tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
+                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
+                 eval_length=None),
+    "1.3b": Size("1.3b", num_layers=24, hidden=2048, heads=16, seq_len=2048, batch=256,
+                 tokens=100_000_000_000, lr=2e-4, preset_scale="1.3b", tokenizer="",
+                 ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
+                 eval_length=None),
+}
+
+
+def get_size(name: str) -> Size:
+  if name not in SIZES:
+    raise ValueError(f"`size` must be one of {sorted(SIZES)}; got {name!r}")
+  return SIZES[name]
+
+
+def all_cells(size: Size) -> list[tuple[str, str]]:
+  """(mixer, ratio) of every cell of the size, the Transformer last."""
+  if size.cells:
+    return list(size.cells)
+  return [(m, r) for m in MIXERS for r in RATIOS] + [TRANSFORMER]
+
+
+def cell_name(mixer: str, ratio: str) -> str:
+  """"gla_6-1", "hgrn2_pure", "transformer": a folder name."""
+  return "transformer" if mixer == "transformer" else f"{mixer}_{ratio.replace(':', '-')}"
+
+
+def parse_cells(only: str, size: Size) -> list[tuple[str, str]]:
+  """`--only` "mixer:ratio,..." ("gla:6:1,hgrn:pure,transformer"; a bare mixer: all its ratios)
+  -> the cells of the size it names, in grid order."""
+  cells = all_cells(size)
+  if not only:
+    return cells
+  wanted = set()
+  for item in filter(None, (s.strip() for s in only.split(","))):
+    mixer, _, ratio = item.partition(":")
+    match = [c for c in cells if c[0] == mixer and (not ratio or c[1] == ratio)]
+    if not match:
+      raise ValueError(f"`--only`: {item!r} names no cell of size {size.name!r}; cells are "
+                       f"{', '.join(m if m == 'transformer' else f'{m}:{r}' for m, r in cells)}")
+    wanted.update(match)
+  return [c for c in cells if c in wanted]
+
+
+def small_mixer_cfg(mixer: str, hidden: int) -> dict:
+  """The 340M preset's options of `mixer` with its absolute widths (head_dim, HGRN-2's expand
+  ratio) scaled by hidden / 1024, so heads and expansions stay those of the papers' models."""
+  opts = dict(MIXER_SIZES[mixer]["340m"][0])
+  scale = hidden / 1024
+  for key in ("head_dim", "expand_ratio"):
+    if key in opts:
+      opts[key] = max(8, int(opts[key] * scale))
+  return opts
+
+
+def small_mlp_hidden(mixer: str, hidden: int) -> int | None:
+  width = MIXER_SIZES[mixer]["340m"][1]
+  return None if width is None else max(128, int(width * hidden / 1024) // 128 * 128)
+
+
+def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) -> ml_collections.ConfigDict:
+  """The training config of one cell (lineax_lm.train.config.lm_config); data paths are left to
+  the caller (`--set data.paths=...` or the grid's corpus)."""
+  transformer = mixer == "transformer"
+  c = lm_config(tokens=size.tokens)
+  if size.preset_scale:
+    c.model.preset = f"transformer_{size.preset_scale}" if transformer else f"{mixer}_{size.preset_scale}"
+    if not transformer:
+      c.model.attn_ratio = ratio
+  else:
+    c.model = ml_collections.ConfigDict(dict(
+        preset="", attn_placement="spread", vocab_size=259, num_layers=size.num_layers,
+        hidden=size.hidden, heads=size.heads, mixer="gated_deltanet" if transformer else mixer,
+        attn_ratio="transformer" if transformer else ratio,
+        attn_layers=ml_collections.config_dict.placeholder(tuple),
+        mixer_cfg=ml_collections.ConfigDict({} if transformer else small_mixer_cfg(mixer, size.hidden)),
+        linear_mlp_hidden=ml_collections.config_dict.placeholder(int) if transformer
+        else small_mlp_hidden(mixer, size.hidden), tie_embeddings=False, scan_layers=False))
+  c.model.backend = size.backend
+  c.model.dtype = "bfloat16" if accelerator else "float32"
+  c.data.update(dict(seq_len=size.seq_len, global_batch_size=size.batch))
+  if size.tokenizer:
+    c.data.tokenizer = size.tokenizer
+  c.train.lr = size.lr
+  c.train.update(dict(keep_checkpoints=1, async_checkpointing=accelerator,
+                      log_every=max(1, size.tokens // (size.batch * size.seq_len) // 8)))
+  steps = c.train.get_ref("steps")
+  c.train.checkpoint_every = (steps + 1) // 2
+  c.eval.steps = 0                    # held-out perplexity is scored after training
+  if size.name == "tiny":
+    c.data.update(dict(num_threads=1, prefetch_buffer_size=2))
+    c.train.warmup_steps = 1
+    c.train.checkpoint_every = steps     # the final step only
+  return c
+
+
+def placement(config) -> dict:
+  """{"attn_layers", "attention_share", "effective_ratio"} of a cell's model."""
+  m = ModelConfig.from_config(config.model)
+  layers = m.attention_indices
+  return dict(attn_layers=list(layers), attention_share=len(layers) / m.num_layers,
+              effective_ratio=effective_ratio(m.num_layers, layers))
+
+
+def label(mixer: str) -> str:
+  return LABELS.get(mixer, mixer)
+
+

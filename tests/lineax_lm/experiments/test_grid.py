@@ -1,0 +1,66 @@
+"""The grid command: a 2-cell tiny grid trains, scores and writes its tables; a rerun skips the
+finished cells (their result.json), an unfinished cell resumes from its checkpoint, and a signal
+stops the grid with trainer.Interrupted before the cell's result is written."""
+import json
+import os
+
+import pytest
+
+from lineax_lm.experiments import grid
+from lineax_lm.train import trainer
+
+
+@pytest.mark.slow
+def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
+  out = str(tmp_path / "g")
+  results = grid.run_grid("tiny", out, progress=False, accelerator=False)
+  assert [r["name"] for r in results] == ["gated_deltanet_3-1", "transformer"]
+  for r in results:
+    assert r["steps"] == 6 and r["heldout_bits_per_byte"] > 0 and 0 <= r["mqar_mean"] <= 1
+    assert r["ruler_mean"] is not None and {row["task"] for row in r["ruler"]} == {"niah_single", "fwe"}
+    assert r["efficiency"][0]["cache_MiB"] > 0 and r["train_flops"] > 0
+  assert results[0]["attn_layers"] == [1] and results[1]["attn_layers"] == [0, 1]
+  tables = open(os.path.join(out, "tables.md")).read()
+  assert "| Gated DeltaNet | " in tables and "| mixer | 3:1 | Transformer |" in tables
+  assert os.path.exists(os.path.join(out, "recall_vs_attention.png"))
+  assert os.path.exists(os.path.join(out, "quality_vs_flops.png"))
+
+  trained = []
+  real_train = grid.train_cell
+  monkeypatch.setattr(grid, "train_cell", lambda config, run_dir: trained.append(run_dir) or real_train(config, run_dir))
+  again = grid.run_grid("tiny", out, progress=False, accelerator=False)
+  assert not trained and again == results                # finished cells are skipped
+  os.remove(os.path.join(out, "cells", "transformer", "result.json"))
+  metrics = os.path.join(out, "cells", "transformer", "run", "metrics.jsonl")
+  logged = open(metrics).read()
+  cell_keys = {"name", "mixer", "ratio", "attn_layers", "attention_share", "effective_ratio", "size",
+               "label", "steps", "train_loss", "tokens_per_s", "train_seconds", "seconds"}
+  scores = {k: v for k, v in results[1].items() if k not in cell_keys}
+  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size, config: dict(scores))  # scored above
+  again = grid.run_grid("tiny", out, progress=False, accelerator=False, only="transformer")
+  assert len(trained) == 1 and trained[0].endswith(os.path.join("transformer", "run"))
+  assert open(metrics).read() == logged                   # resumed at its last step: no step retrained
+  assert again[1]["steps"] == 6 and os.path.exists(os.path.join(out, "cells", "transformer", "result.json"))
+
+
+def test_a_signal_stops_the_grid_before_the_result(tmp_path, monkeypatch):
+  out = str(tmp_path / "g")
+  os.makedirs(os.path.join(out, "corpus"))
+  for name in ("train-00000.jsonl", "heldout.jsonl"):
+    with open(os.path.join(out, "corpus", name), "w") as f:
+      f.write(json.dumps({"text": "some text"}) + "\n")
+  monkeypatch.setattr(trainer, "train_and_evaluate",
+                      lambda config, workdir: {"stopped_by": "SIGTERM", "step": 3})
+  with pytest.raises(trainer.Interrupted, match="SIGTERM at step 3"):
+    grid.run_grid("tiny", out, corpus=os.path.join(out, "corpus"), progress=False, accelerator=False)
+  assert not os.path.exists(os.path.join(out, "cells", "gated_deltanet_3-1", "result.json"))
+
+
+def test_overrides_set_cell_fields():
+  cells = grid.build_cells("small", "gla:6:1", overrides=["train.tokens=1.6384e6", "data.paths=/x/*.jsonl",
+                                                          "train.lr=1e-3"], accelerator=False)
+  (cell,) = cells
+  assert cell["config"].train.steps == 100 and cell["config"].data.paths == "/x/*.jsonl"
+  assert cell["config"].train.lr == 1e-3 and cell["effective_ratio"] == "7:1"
+  with pytest.raises(ValueError, match="no field"):
+    grid.build_cells("small", "gla:6:1", overrides=["train.nope=1"], accelerator=False)
