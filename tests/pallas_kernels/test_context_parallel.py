@@ -120,6 +120,7 @@ def check_context_parallel(case, devices, varlen: bool, backend: str = "xla", **
 # devices) or two (4 devices) slice boundaries). Every family runs on the float32 reference (the
 # cheapest to compile) in all four layouts; the chunked xla path runs the K x K transition (extra
 # value columns) and mLSTM's log space, a GPU kernel in interpret mode a decay a head.
+@pytest.mark.slow  # 20 cases of three multi-device programs each
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "cu_seqlens"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_sharded_equals_unsharded(family, varlen):

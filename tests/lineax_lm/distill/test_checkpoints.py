@@ -218,6 +218,7 @@ def smollm2():
   return checkpoints.load_teacher(checkpoints.smollm2_gguf_path())
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_config_and_params(smollm2):
   c = smollm2.config
   assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
@@ -251,6 +252,7 @@ def test_smollm2_config_and_params(smollm2):
                                                                           1.78125])
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_tokenizer(smollm2):
   tok = smollm2.tokenizer
   assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id) == (49152, 1, 2, 2)

@@ -26,6 +26,7 @@ def smollm2():
   return ckpt, model, cfg, logits
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_logits_match_transformers(smollm2):
   _, _, cfg, logits = smollm2
   assert (cfg.num_layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_hidden) == (
@@ -36,6 +37,7 @@ def test_smollm2_logits_match_transformers(smollm2):
     assert abs(logits[-1, token] - want) < 1e-3, (token, logits[-1, token], want)
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_greedy_generation(smollm2):
   ckpt, model, _, _ = smollm2
   out = np.asarray(model.generate(jnp.asarray([PROMPT]), 2, temperature=0.0))[0]
@@ -52,6 +54,7 @@ def test_smollm2_finds_the_needle(smollm2):
   assert rows[0]["accuracy"] == 1.0
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_tokenizer_for_the_data_stack_and_chat(smollm2, tmp_path):
   ckpt = smollm2[0]
   tok = load_tokenizer(write_tokenizer(ckpt.tokenizer, str(tmp_path)))
@@ -65,6 +68,7 @@ def test_smollm2_tokenizer_for_the_data_stack_and_chat(smollm2, tmp_path):
   assert tok.hf.decode(ids[mask == 1].tolist(), skip_special_tokens=False) == "Hello there<|im_end|>"
 
 
+@pytest.mark.slow  # loads the real 135M teacher
 def test_smollm2_full_logits_match_transformers(smollm2):
   """Optional: every logit of every position against transformers loading the same GGUF."""
   torch = pytest.importorskip("torch", reason="optional parity test: needs torch + transformers")
