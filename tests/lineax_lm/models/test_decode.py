@@ -38,7 +38,10 @@ def decode_matches_full(config):
   assert err < 5e-5, f"decode logits differ from the full forward by {err}"
 
 
-@pytest.mark.parametrize("mixer", LINEAR_MIXERS + ("transformer",))
+# One linear mixer and the Transformer in test-fast; every other mixer is `slow` (a model each).
+@pytest.mark.parametrize("mixer", [m if m in ("gated_deltanet", "transformer") else
+                                   pytest.param(m, marks=pytest.mark.slow)
+                                   for m in LINEAR_MIXERS + ("transformer",)])
 def test_decode_matches_full_forward(mixer):
   decode_matches_full(tiny_config(mixer))
 

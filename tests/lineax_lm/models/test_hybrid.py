@@ -48,7 +48,8 @@ def test_make_packing():
   np.testing.assert_array_equal(segment_ids_from_cu_seqlens([0, 2, 5, 6], 6), [[0, 0, 1, 1, 1, 2]])
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "rwkv6", "retention", "hgrn"])
+@pytest.mark.parametrize("mixer", ["gated_deltanet"] + [pytest.param(m, marks=pytest.mark.slow)
+                                                     for m in ("rwkv6", "retention", "hgrn")])
 def test_packed_equals_unpacked(mixer):
   """Two rows of two sequences each: packed logits == each sequence run alone (jit, static bound).
   gated_deltanet runs as a 3:1 hybrid (attention masks); rwkv6 has a token shift, retention RoPE,
