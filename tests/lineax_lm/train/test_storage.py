@@ -33,7 +33,10 @@ def test_train_checkpoint_resume_and_load_on_gcs(tmp_path, monkeypatch):
   (data / "b.txt").write_text("a dog ran in the park\n" * 20)
   config = tiny_config(steps=2, vocab_size=259, num_layers=1, attn_ratio="pure")  # one block kind
   config.data.update(dict(source="text", paths="gs://b/data/*.txt", text_unit="line", seq_len=16,
-                          global_batch_size=8))
+                          global_batch_size=8, max_segments=4))
+  # 16-token rows of ~24-token lines hold at most 3 sequences; the default bound of 16 would lay
+  # each row out as 16 chunks of 64 (the varlen path's static bound) and cost 16x the compute.
+  config.model.max_segments = 4
   config.eval.steps = 0
   workdir = "gs://b/runs/x"
   assert train_and_evaluate(config, workdir)["step"] == 2
