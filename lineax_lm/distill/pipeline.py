@@ -299,31 +299,36 @@ def model_metrics(config, st: Setup, model, section=None) -> dict:
   "recall": {"mqar@length/kv": accuracy}, "forward_tokens_per_s": ...} under the evaluation
   section `section` (default config.eval; the curve passes a lighter one)."""
   from lineax_lm.eval import mqar, ruler  # lazy: the evaluation package is not needed to train
+  from lineax_lm.eval.scoring import Scorer
   e = config.eval if section is None else section
   out = {}
   for name, data_cfg in eval_sets(config, st, e).items():
     out[f"ppl_{name}"] = perplexity(config, st, model, data_cfg)
+  # Needles, recall and throughput through one scorer padded to eval.seq_len: one compiled forward
+  # for every length (causal models: right padding leaves the scored positions as they are).
+  scorer = Scorer(model, e.batch_size, min_length=e.seq_len)
   if e.needle_examples:
-    rows = ruler.evaluate_tasks(model, make_tokenizer(st.data), e.needle_tasks,
+    rows = ruler.evaluate_tasks(scorer if e.needle_mode == "teacher_forced" else model,
+                                make_tokenizer(st.data), e.needle_tasks,
                                 lengths=tuple(e.needle_lengths), num_examples=e.needle_examples,
                                 mode=e.needle_mode, batch_size=e.batch_size)
     out["needle"] = {f"{r['task']}@{r['length']}": r["accuracy"] for r in rows}
   if e.get("recall_examples"):
-    rows = mqar.mqar_grid(model, vocab_size=min(e.recall_vocab, model.config.vocab_size),
+    rows = mqar.mqar_grid(scorer, vocab_size=min(e.recall_vocab, model.config.vocab_size),
                           seq_lens=tuple(e.recall_lengths), kv_pairs=tuple(e.recall_kv),
                           num_examples=e.recall_examples, batch_size=e.batch_size)
     out["recall"] = {f"mqar@{r['seq_len']}/{r['num_kv_pairs']}": r["accuracy"] for r in rows}
   if e.get("throughput"):
-    out["forward_tokens_per_s"] = forward_tokens_per_s(model, e.batch_size, e.seq_len)
+    out["forward_tokens_per_s"] = forward_tokens_per_s(scorer, e.seq_len)
   return out
 
 
-def forward_tokens_per_s(model, batch_size: int, seq_len: int, repeats: int = 3) -> float:
+def forward_tokens_per_s(scorer, seq_len: int, repeats: int = 3) -> float:
   """Tokens per second of one forward pass (log-probabilities of the targets, as every scored
-  evaluation computes them) on [batch_size, seq_len] tokens, compiled first, best of `repeats`."""
-  from lineax_lm.eval.scoring import Scorer
-  scorer = Scorer(model, batch_size)
-  tokens = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch_size, seq_len))
+  evaluation computes them) of `scorer` (an eval.scoring.Scorer) on [batch_size, seq_len] tokens,
+  compiled first, best of `repeats`."""
+  batch_size = scorer.batch_size
+  tokens = np.random.default_rng(0).integers(0, scorer.model.config.vocab_size, (batch_size, seq_len))
   scorer(tokens, tokens)  # compiles
   best = float("inf")
   for _ in range(repeats):

@@ -51,6 +51,22 @@ def test_score_pairs_matches_a_plain_forward_pass(model):
     scoring.score_pairs(scorer, [([], [1])])
 
 
+def test_min_length_scores_every_length_with_one_shape(model):
+  """A scorer with min_length pads every batch to that length (one compiled program for the
+  study's needles, recall and throughput) and gives the scores of the plain bucketed scorer."""
+  rng = np.random.default_rng(1)
+  pairs = [(rng.integers(0, 256, n).tolist(), rng.integers(0, 256, 3).tolist()) for n in (5, 20, 40)]
+  padded = scoring.Scorer(model, batch_size=4, min_length=64)
+  shapes, jitted = [], padded._scores
+  padded._scores = lambda state, x, t: (shapes.append(x.shape), jitted(state, x, t))[1]
+  got = scoring.score_pairs(padded, pairs)
+  assert set(shapes) == {(4, 64)}
+  for (ll, greedy), (ll0, greedy0) in zip(got, scoring.score_pairs(scoring.Scorer(model, 4), pairs)):
+    assert ll == pytest.approx(ll0, rel=1e-5, abs=1e-5) and greedy == greedy0
+  with pytest.raises(ValueError, match="min_length"):
+    scoring.Scorer(model, min_length=0)
+
+
 def test_rolling_windows_predict_every_token_once(model):
   ids = list(range(1, 40))
   for max_len in (7, 16, 64):
