@@ -5,6 +5,7 @@
 #
 #   bash launch/distill_h200.sh                       # rerun until it prints "study complete"
 #   ONLY=mlstm,gla TOKENS=2e6 bash launch/distill_h200.sh
+#   PARALLEL=4 bash launch/distill_h200.sh            # four students at a time on the one GPU
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled).
 # What it needs there:
@@ -23,6 +24,8 @@
 #   of an earlier call (below) unpacked into WORKDIR first, for a fresh machine   STUDY_ARGS [] more
 #   flags for lineax_lm.distill.study (e.g. "--lm_eval_tasks study" where the data can be fetched)
 #   RUNLOCAL [unset] the tiny random teacher (a CPU dry run: PATH=.venv/bin:$PATH TOKENS=4000)
+#   PARALLEL [1] students distilled at a time, each in its own process (--parallel): a student's
+#   ~5 minutes on the H200 are mostly compilation on the host's CPUs, so four overlap on one GPU
 # Resumable: finished students are skipped, an interrupted stage resumes from its checkpoint, the
 # teacher samples, the teacher's evaluation and (JAX_COMPILATION_CACHE_DIR) the compiled programs
 # are reused. With $OUT set: the log, the tables (study.md), the curves (curves.png) and
@@ -88,7 +91,7 @@ start=$(date +%s)
 # shellcheck disable=SC2086  # STUDY_ARGS is a list of flags
 timeout -s TERM -k 30 "${T_LIMIT:-520}" python3 -m lineax_lm.distill.study --workdir "$WORKDIR" \
   --teacher "$teacher" ${ONLY:+--only "$ONLY"} ${TOKENS:+--tokens "$TOKENS"} ${RUNLOCAL:+--runlocal} \
-  ${STUDY_ARGS:-} 2>&1 | tee -a "${logs[@]}" > /dev/null
+  ${PARALLEL:+--parallel "$PARALLEL"} ${STUDY_ARGS:-} 2>&1 | tee -a "${logs[@]}" > /dev/null
 rc=${PIPESTATUS[0]}
 echo "study rc=$rc after $(( $(date +%s) - start )) s"
 python3 - "$WORKDIR" <<'PY'
@@ -102,7 +105,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.
 PY
 if [ -n "${OUT:-}" ]; then
   (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
-    ./*/eval.json ./*/study_done ./*/curve.json ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
+    ./*/eval.json ./*/study_done ./*/curve.json ./*/study.log ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
     data/teacher_eval.json data/python_reference.txt 2>/dev/null)
   cp "$WORKDIR"/study.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
 fi

@@ -1,7 +1,7 @@
 """The linearization study: one teacher, every student, one token budget, one table.
 
     python -m lineax_lm.distill.study --workdir runs/study [--tokens 2e6] [--only gla,kda]
-        [--teacher PATH.gguf] [--lm_eval_tasks study] [--hybrid] [--runlocal]
+        [--parallel 4] [--teacher PATH.gguf] [--lm_eval_tasks study] [--hybrid] [--runlocal]
 
 Distils the teacher (default SmolLM2-135M-Instruct) into each student of STUDENTS with the same
 budget: `--tokens` per student over the three stages (split by STAGE_SHARE, see `study_config`),
@@ -22,6 +22,10 @@ Resumable: a student whose evaluation and curve are complete is not rerun (its e
 an interrupted stage resumes from its checkpoint, and a signal (SIGTERM / SIGINT) stops the command
 (trainer.Interrupted) after the running stage saved. `--only` runs a subset now; the table lists
 every student of `--students` that has finished, so several calls fill one table.
+`--parallel N` samples the teacher data and scores the teacher once, then distils N students at a
+time in their own processes (logs in <workdir>/<student>/study.log): a student's time on one H200
+is mostly compilation on the host's CPU cores (~60 s a stage against ~5-35 s of training at the
+default budget), so N processes share the GPU and overlap their compiles.
 Writes <workdir>/study.json (table, summaries, curves), study.md (the tables) and curves.png.
 """
 from __future__ import annotations
@@ -31,11 +35,15 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
-from lineax_lm.distill.pipeline import distill, plot_curves, score_recovery
+from lineax_lm.distill.pipeline import (curve_section, distill, plot_curves, score_recovery, setup,
+                                        teacher_metrics)
 from lineax_lm.eval import report
 from lineax_lm.train.trainer import Interrupted
 
@@ -123,6 +131,12 @@ def parse_args(argv=None):
   p.add_argument("--workdir", required=True)
   p.add_argument("--students", default=",".join(STUDENTS), help="the study's students (the table)")
   p.add_argument("--only", default="", help="comma-separated subset of --students to run now")
+  p.add_argument("--parallel", type=int, default=1,
+                 help="students distilled at a time, each in its own process (they share the GPU)")
+  p.add_argument("--prepare", action="store_true",
+                 help="only sample the teacher data and score the teacher (what students share)")
+  p.add_argument("--tables", action="store_true",
+                 help="only write the tables of the students finished so far")
   p.add_argument("--tokens", type=float, default=DEFAULT_TOKENS,
                  help="training tokens per student over the three stages (3e9: the study's budget)")
   p.add_argument("--teacher", default="", help="GGUF file or HF directory ('' = the shipped SmolLM2)")
@@ -216,14 +230,102 @@ def main(argv=None) -> dict:
   logging.getLogger("lineax_lm").setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
   students = names(args.students, STUDENTS)
-  run_now = names(args.only, students) if args.only else students
+  run_now = [] if args.tables else names(args.only, students) if args.only else students
+  if args.parallel < 1:
+    raise ValueError(f"--parallel: must be >= 1; got {args.parallel}")
+  if args.prepare:
+    return prepare(args, (run_now or students)[0])
   summaries, seconds = {}, {}
   try:
+    if args.parallel > 1:
+      run_parallel(args, argv, [s for s in run_now if finished_summary(student_dir(args, s)) is None])
+      run_now = []  # the processes ran them: below, only their results are read
     run_students(args, students, run_now, summaries, seconds)
   except Interrupted:  # the table of the students finished so far, then stop (rerun to resume)
     write_tables(args, summaries, seconds)
     raise
   return write_tables(args, summaries, seconds)
+
+
+def student_dir(args, student: str) -> str:
+  return os.path.join(args.workdir, student)
+
+
+def prepare(args, student: str) -> dict:
+  """Samples the teacher data into <workdir>/data and scores the teacher (the evaluation and the
+  curve's section, cached in data/teacher_eval.json): what every student reads, done once before
+  several processes share the workdir. Returns the teacher's evaluation."""
+  config = config_for(args, student)
+  st = setup(config, student_dir(args, student))
+  scores = teacher_metrics(config, st)
+  if config.curve.every > 0:
+    teacher_metrics(config, st, curve_section(config))
+  print(f"prepared {st.folder}: teacher samples and the teacher's evaluation", flush=True)
+  return scores
+
+
+def run_parallel(args, argv, todo: list[str]) -> None:
+  """Distils `todo` with at most args.parallel processes at a time (`--only <student>` each, the
+  rest of the command line unchanged), after one `--prepare`. SIGTERM / SIGINT are passed on to
+  the running processes, which save their stage and stop; then Interrupted is raised."""
+  if not todo:
+    return
+  base = [sys.executable, "-m", "lineax_lm.distill.study"] + _without(
+      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel"))
+  subprocess.run(base + ["--prepare", "--only", todo[0]], check=True)
+  running: dict[str, tuple[subprocess.Popen, float]] = {}
+  stopped: list[int] = []
+
+  def forward(signum, frame):
+    stopped.append(signum)
+    for proc, _ in running.values():
+      proc.send_signal(signum)
+
+  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+  failed = []
+  try:
+    queue = list(todo)
+    while queue or running:
+      while queue and len(running) < args.parallel and not stopped:
+        student = queue.pop(0)
+        os.makedirs(student_dir(args, student), exist_ok=True)
+        log = open(os.path.join(student_dir(args, student), "study.log"), "a", encoding="utf-8")
+        running[student] = (subprocess.Popen(base + ["--only", student], stdout=log,
+                                             stderr=subprocess.STDOUT), time.perf_counter())
+        log.close()  # the child holds its own descriptor
+        print(f"{student}: started ({len(running)} running, {len(queue)} waiting)", flush=True)
+      time.sleep(1.0)
+      for student, (proc, start) in list(running.items()):
+        if proc.poll() is None:
+          continue
+        del running[student]
+        state = "finished" if proc.returncode == 0 else f"stopped (rc={proc.returncode})"
+        print(f"{student}: {state} after {time.perf_counter() - start:.0f} s "
+              f"(log: {os.path.join(student_dir(args, student), 'study.log')})", flush=True)
+        if proc.returncode != 0:
+          failed.append(student)
+      if stopped:
+        queue.clear()
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  if stopped:
+    raise Interrupted({"stopped_by": signal.Signals(stopped[0]).name}, args.workdir)
+  if failed:
+    raise RuntimeError(f"students {failed} failed: see their study.log")
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+  """argv without the given flags and their values (`--flag value` or `--flag=value`)."""
+  out, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+    elif a in flags:
+      skip = True
+    elif not any(a.startswith(f + "=") for f in flags):
+      out.append(a)
+  return out
 
 
 def run_students(args, students, run_now, summaries: dict, seconds: dict) -> None:

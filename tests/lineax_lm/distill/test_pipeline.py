@@ -131,11 +131,16 @@ def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
   args = ["--workdir", workdir, "--runlocal", "--hybrid", "--students", "gated_deltanet,gla",
           "--tokens", "1536", "--shares", "0,0,1", "--curve_points", "0", "--needle_examples", "2",
           "--recall_examples", "4"]
-  summaries = study.main(args + ["--only", "gated_deltanet"])
+  # Through --parallel: one --prepare process (teacher samples and scores), then the student in a
+  # process of its own with its log in its folder; this process prints the table.
+  summaries = study.main(args + ["--only", "gated_deltanet", "--parallel", "2"])
   table = capsys.readouterr().out
+  assert "gated_deltanet: started" in table and "gated_deltanet: finished after" in table
   assert set(summaries) == {"gated_deltanet"}
   s = summaries["gated_deltanet"]
   run = os.path.join(workdir, "gated_deltanet")
+  assert "this invocation" in open(os.path.join(run, "study.log")).read()
+  assert os.path.exists(os.path.join(workdir, "data", "teacher_eval.json"))
   assert len(_losses(pipeline.stage_dir(run, "e2e"))) == 3
   assert not os.path.exists(pipeline.stage_dir(run, "layer"))
   for name in ("| teacher", "| gated_deltanet", "rec teacher_samples", "rec text", "single@384",
@@ -150,6 +155,7 @@ def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
   assert "this invocation" not in capsys.readouterr().out
   saved = json.load(open(os.path.join(workdir, "study.json")))
   assert saved["table"] in table and os.path.exists(os.path.join(workdir, "study.md"))
+  assert set(study.main(args + ["--tables"])) == {"gated_deltanet"}
   with pytest.raises(ValueError, match="not study students"):
     study.main(args + ["--only", "hgrn"])
 
