@@ -25,6 +25,9 @@ if [ "${TESTS:-}" != "none" ]; then
   timeout "${T_TESTS:-200}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
     --durations=5 -p no:cacheprovider \
     > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
+  # A timed-out pytest leaves its xdist workers running (on the GPU and the CPUs): end them before
+  # anything is timed.
+  pkill -f "pytest -q -n"; pkill -f "exec(eval(sys.stdin.readline()))"; sleep 1  # execnet workers
   grep -E "passed|failed|Error" "$OUT/tests.log" | tail -n 8
 fi
 timeout "${T_OPS:-300}" python3 benchmarks/ops.py --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
