@@ -266,8 +266,9 @@ def prepare(args, student: str) -> dict:
 
 def run_parallel(args, argv, todo: list[str]) -> None:
   """Distils `todo` with at most args.parallel processes at a time (`--only <student>` each, the
-  rest of the command line unchanged), after one `--prepare`. SIGTERM / SIGINT are passed on to
-  the running processes, which save their stage and stop; then Interrupted is raised."""
+  rest of the command line unchanged), after one `--prepare`. SIGTERM is passed on to the running
+  processes, which save their stage and stop; then Interrupted is raised. SIGINT is not passed on:
+  Ctrl-C reaches the whole process group already, and a second SIGINT stops a trainer unsaved."""
   if not todo:
     return
   base = [sys.executable, "-m", "lineax_lm.distill.study"] + _without(
@@ -278,8 +279,9 @@ def run_parallel(args, argv, todo: list[str]) -> None:
 
   def forward(signum, frame):
     stopped.append(signum)
-    for proc, _ in running.values():
-      proc.send_signal(signum)
+    if signum == signal.SIGTERM:
+      for proc, _ in running.values():
+        proc.send_signal(signum)
 
   previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
   failed = []
