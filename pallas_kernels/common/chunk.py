@@ -37,12 +37,14 @@ def from_chunks(x):
   return x.reshape(B, N * C, H, *x.shape[4:])
 
 
-def shift_right(x, axis: int = -1):
-  """x moved one step along `axis` (x[t - 1] at t), with 0 at t = 0."""
+def shift_right(x, axis: int = -1, reverse: bool = False):
+  """x moved one step along `axis` (x[t - 1] at t), with 0 at t = 0; with `reverse`, one step
+  back (x[t + 1] at t, 0 at the end)."""
   axis = axis % x.ndim
   pad = [(0, 0)] * x.ndim
-  pad[axis] = (1, 0)
-  return lax.slice_in_dim(jnp.pad(x, pad), 0, x.shape[axis], axis=axis)
+  pad[axis] = (0, 1) if reverse else (1, 0)
+  start = 1 if reverse else 0
+  return lax.slice_in_dim(jnp.pad(x, pad), start, start + x.shape[axis], axis=axis)
 
 
 # Log-decay gates may be -inf (a decay of exactly 0) and large (|g| ~ 1e4). So every sum of gates
@@ -51,16 +53,35 @@ def shift_right(x, axis: int = -1):
 # is -inf when the range holds a -inf gate (exp gives the exact 0, and its gradient 0) and is
 # accurate relative to itself, so exp of it is accurate whenever it is not negligible.
 
+# exp of any sum that holds it is exactly 0, as for -inf; a dot needs finite terms (0 * -inf = NaN).
+GATE_FLOOR = -1e30
+
+
+def gate_cumsum(g, axis: int = -1, reverse: bool = False):
+  """Inclusive cumsum of float32 gates along a short (chunk-sized) `axis`, as a dot with a 0/1
+  triangular matrix at full float32 precision. `jnp.cumsum` lowers to a reduce_window, and fused
+  into its consumers on the GPU each output recomputes its whole window; a dot is one pass on the
+  matrix units. Gates below GATE_FLOOR (-inf: a decay of 0) are clamped to it, so a sum over a
+  range that holds one is still <= GATE_FLOOR (exp = 0) and its gradient is 0, as before."""
+  axis = axis % g.ndim
+  n = g.shape[axis]
+  t, r = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+  tri = ((r >= t) if reverse else (r <= t)).astype(F32)                # [t, r]: r in t's range
+  out = jnp.tensordot(tri, jnp.maximum(g.astype(F32), GATE_FLOOR), axes=([1], [axis]),
+                      precision=lax.Precision.HIGHEST)
+  return jnp.moveaxis(out, 0, axis)
+
+
 def chunk_local_cumsum(g, axis: int = -1, exclusive: bool = False):
   """Cumsum of gates within each chunk along `axis`, in float32: sum_{r <= t} g_r, or with
   `exclusive` sum_{r < t} g_r (a cumsum of the shifted gates, not G - g)."""
   g = g.astype(F32)
-  return jnp.cumsum(shift_right(g, axis) if exclusive else g, axis=axis)
+  return gate_cumsum(shift_right(g, axis) if exclusive else g, axis=axis)
 
 
 def suffix_sum(g, axis: int = -1):
   """sum_{r > t} g_r within each chunk along `axis` (the decay from t to the chunk end), float32."""
-  return jnp.flip(chunk_local_cumsum(jnp.flip(g, axis), axis, exclusive=True), axis)
+  return gate_cumsum(shift_right(g, axis, reverse=True), axis, reverse=True)
 
 
 def segment_sums(g, exclusive: bool = False):
@@ -69,7 +90,7 @@ def segment_sums(g, exclusive: bool = False):
   and above the diagonal. A masked cumsum, so each entry sums its own range (see above)."""
   C = g.shape[-2]
   terms = jnp.where(causal_mask(C, strict=True)[..., None], g.astype(F32)[..., :, None, :], 0.0)
-  D = jnp.cumsum(terms, axis=-3)                                      # [..., i, j, K]
+  D = gate_cumsum(terms, axis=-3)                                      # [..., i, j, K]
   return shift_right(D, -3) if exclusive else D
 
 
@@ -147,7 +168,7 @@ def gated_scores(a, b, g, dtype, strict: bool = False, sub: int = 16, exclusive:
   # i's side: sum over (r - shift, i - shift] within the block, a cumsum whose first term is 0.
   first = (jnp.arange(sub) == 0)[:, None]
   a_terms = shift_right(gb, -2) if exclusive else jnp.where(first, 0.0, gb)
-  a_rel = ab * jnp.exp(jnp.cumsum(a_terms, axis=-2))                  # [..., n, sub, K], <= 1
+  a_rel = ab * jnp.exp(gate_cumsum(a_terms, axis=-2))                  # [..., n, sub, K], <= 1
   # j's side: sum over (j, r - shift], a suffix sum of the gates up to r - shift.
   pos, starts = jnp.arange(C), jnp.arange(n) * sub
   upto = (pos[None, :] <= starts[:, None] - shift)[..., None]         # [n, C, 1]
