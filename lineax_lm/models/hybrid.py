@@ -156,18 +156,14 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
     if bad:
       raise ValueError(f"`attn_layers` {bad} are outside 0..{num_layers - 1}")
     return tuple(sorted(set(explicit)))
-  ratio = str(attn_ratio).strip().lower()
-  if ratio in ("pure", "none", "linear"):
+  r = _ratio_linear_layers(attn_ratio)
+  if r == 0:
     return ()
-  if ratio in ("transformer", "attention", "all"):
+  if r is None:
     return tuple(range(num_layers))
-  r, _, one = ratio.partition(":")
-  if one != "1" or not r.isdigit() or int(r) < 1:
-    raise ValueError(f"`attn_ratio` must be 'pure', 'transformer', 'attention' or 'r:1' with r >= 1 "
-                     f"(e.g. '3:1'); got {attn_ratio!r}")
-  period = int(r) + 1
+  period = r + 1
   layers = tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
-  wanted = ratio_layer_count(num_layers, int(r))
+  wanted = ratio_layer_count(num_layers, r)
   if len(layers) != wanted:
     warnings.warn(
         f"attn_ratio {attn_ratio!r} at {num_layers} layers places {len(layers)} attention layer(s) "
@@ -177,6 +173,21 @@ def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -
         f"{list(spread_attention_layers(num_layers, attn_ratio))} (pass it as attn_layers)",
         stacklevel=2)
   return layers
+
+
+def _ratio_linear_layers(attn_ratio: str) -> int | None:
+  """r of an "r:1" ratio (linear layers per attention layer); 0 for "pure" (no attention), None
+  for "transformer" (attention only). Raises for anything else."""
+  ratio = str(attn_ratio).strip().lower()
+  if ratio in ("pure", "none", "linear"):
+    return 0
+  if ratio in ("transformer", "attention", "all"):
+    return None
+  r, _, one = ratio.partition(":")
+  if one != "1" or not r.isdigit() or int(r) < 1:
+    raise ValueError(f"`attn_ratio` must be 'pure', 'transformer', 'attention' or 'r:1' with r >= 1 "
+                     f"(e.g. '3:1'); got {attn_ratio!r}")
+  return int(r)
 
 
 def ratio_layer_count(num_layers: int, r: int) -> int:
@@ -192,14 +203,10 @@ def spread_attention_layers(num_layers: int, attn_ratio: str) -> tuple:
   (3:1 at 24 layers: 3, 7, ..., 23) the two agree; at 24 layers "24:1", "12:1", "6:1", "3:1" give
   1, 2, 3, 6 layers (effective 23:1, 11:1, 7:1, 3:1), where the periodic placement gives 1, 1, 3, 6.
   "pure" and "transformer" are as in `attention_layers`."""
-  ratio = str(attn_ratio).strip().lower()
-  if not ratio.endswith(":1"):
+  r = _ratio_linear_layers(attn_ratio)
+  if not r:  # "pure" (0) or "transformer" (None)
     return attention_layers(num_layers, attn_ratio)
-  attention_layers(num_layers, "1:1")  # validates num_layers
-  r = ratio.partition(":")[0]
-  if not r.isdigit() or int(r) < 1:
-    return attention_layers(num_layers, attn_ratio)  # raises the ratio's error
-  n = ratio_layer_count(num_layers, int(r))
+  n = ratio_layer_count(num_layers, r)
   return tuple(sorted({math.floor((j + 1) * num_layers / n + 0.5) - 1 for j in range(n)}))
 
 

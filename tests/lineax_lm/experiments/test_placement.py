@@ -30,6 +30,11 @@ def test_a_periodic_ratio_that_collapses_warns_with_its_effective_ratio():
   with warnings.catch_warnings():
     warnings.simplefilter("error")                 # exact placements stay silent
     attention_layers(24, "3:1"), attention_layers(24, "24:1"), attention_layers(4, "3:1")
+    assert spread_attention_layers(3, "6:1") == (2,) and spread_attention_layers(7, "1:1") == (1, 3, 4, 6)
+  # An odd depth at "1:1" (the periodic count rounds down, the asked one up) warns once, naming the
+  # spread placement: building that message used to call attention_layers again, without end.
+  with pytest.warns(UserWarning, match=r"'1:1' at 3 layers places 1 .*\[1, 2\]"):
+    assert attention_layers(3, "1:1") == (1,)
 
 
 def test_an_lm_config_names_a_preset_and_a_token_budget():
