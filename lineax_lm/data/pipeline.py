@@ -22,8 +22,6 @@ iterator continues bit-for-bit.
 """
 from __future__ import annotations
 
-import copy
-
 import grain
 import ml_collections
 from ml_collections import config_dict
@@ -100,21 +98,15 @@ def make_source(config, seed: int):
   fraction = config.get("heldout_fraction") or 0.0
   if split == "heldout" and separate:
     key = "tfds_split" if config.source == "tfds" else "paths"
-    return _whole_source(_replaced(config, **{key: separate}), seed)
+    heldout = config.copy_and_resolve_references()
+    heldout[key] = separate
+    return _whole_source(heldout, seed)
   if separate or not fraction:
     if split == "heldout":
       raise ValueError("`data.split`='heldout' needs held-out data: `data.heldout_paths` (or "
                        "`data.tfds_heldout_split` for tfds) or `data.heldout_fraction` > 0")
     return _whole_source(config, seed)
   return splits.SplitSource(_whole_source(config, seed), fraction, split)
-
-
-def _replaced(config, **fields):
-  """A copy of a config section with `fields` replaced."""
-  out = copy.deepcopy(config)
-  for k, v in fields.items():
-    out[k] = v
-  return out
 
 
 def _whole_source(config, seed: int):

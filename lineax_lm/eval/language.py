@@ -21,7 +21,7 @@ import math
 from typing import Sequence
 
 from lineax_lm.data.pipeline import make_source
-from lineax_lm.data.splits import heldout_indices  # noqa: F401  (the split lives with the data)
+from lineax_lm.data.splits import heldout_indices
 from lineax_lm.eval.scoring import as_scorer, rolling_windows, score_pairs
 
 
