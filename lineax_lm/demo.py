@@ -12,7 +12,6 @@ several minutes; a GPU or TPU is used when present.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ import jax
 
 from lineax_lm.extras import available
 from lineax_lm.models.hybrid import ModelConfig
+from lineax_lm.train.metrics import read_rows
 from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
@@ -33,18 +33,8 @@ def load_quickstart():
   return quickstart
 
 
-def read_metrics(run_dir):
-  """The rows of <run_dir>/metrics.jsonl (the trainer's scalars, one row per logged step), [] when
-  there is none."""
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def curve(metrics, name):
-  """(steps, values) of scalar `name` in metrics.jsonl rows."""
+  """(steps, values) of scalar `name` in metrics.jsonl rows (lineax_lm.train.metrics.read_rows)."""
   points = [(r["step"], r[name]) for r in metrics if name in r]
   return [s for s, _ in points], [v for _, v in points]
 
@@ -53,7 +43,7 @@ def plot_curves(rows, path, plt):
   """Training loss and held-out recall against the step, one line per model."""
   fig, (loss_ax, recall_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
   for r in rows:
-    metrics = read_metrics(r["workdir"])
+    metrics = read_rows(os.path.join(r["workdir"], "metrics.jsonl"))
     loss_ax.plot(*curve(metrics, "loss"), label=r["name"])
     recall_ax.plot(*curve(metrics, "eval_accuracy"), marker=".", label=r["name"])
   loss_ax.set(xlabel="step", ylabel="training loss (cross-entropy on the values)")

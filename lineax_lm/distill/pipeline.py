@@ -43,7 +43,7 @@ from lineax_lm.distill.student import init_student, linear_layers, student_confi
 from lineax_lm.distill.teacher import save_safetensors_dir, teacher_from_checkpoint, tiny_teacher
 from lineax_lm.eval import report
 from lineax_lm.models.hybrid import ModelConfig, abstract_model
-from lineax_lm.train import checkpoint
+from lineax_lm.train import checkpoint, metrics as metrics_lib
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Objective, Trainer, raise_if_interrupted, train_and_evaluate
 
@@ -259,11 +259,8 @@ def train_speeds(workdir: str) -> dict:
   holds the compilation, left out when there are others)."""
   out = {}
   for stage in STAGES:
-    path = os.path.join(stage_dir(workdir, stage), "metrics.jsonl")
-    if not os.path.exists(path):
-      continue
-    with open(path, encoding="utf-8") as f:
-      speeds = [r["tokens_per_s"] for r in map(json.loads, f) if "tokens_per_s" in r]
+    rows = metrics_lib.read_rows(os.path.join(stage_dir(workdir, stage), "metrics.jsonl"))
+    speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
     if speeds:
       out[stage] = float(np.median(speeds[1:] or speeds))
   return out
@@ -366,7 +363,7 @@ def eval_key(config, st: Setup, section=None) -> str:
 
 def teacher_metrics(config, st: Setup, section=None) -> dict:
   """The teacher's `model_metrics`, cached in `<data folder>/teacher_eval.json` per evaluation
-  setting, so students that share the data folder (compare, study) evaluate the teacher once."""
+  setting, so students that share the data folder (the study's) evaluate the teacher once."""
   key = eval_key(config, st, section)
   cache_path = os.path.join(st.folder, "teacher_eval.json")
   cache = {}
@@ -440,10 +437,7 @@ def format_summary(summaries: dict) -> str:
     rows.append([name] + [fmt(summ[f"ppl_{s}"]["student"]) for s in sets]
                 + [fmt(summ[f"recovery_{s}"]) for s in sets]
                 + [fmt(summ["needle"]["student"][n]) for n in needles])
-  widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                   + [line(r) for r in rows])
+  return report.aligned_table(head, rows)
 
 
 # ----------------------------------------------------------------------------- maturity curve

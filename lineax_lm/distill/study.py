@@ -387,13 +387,6 @@ def _sorted_keys(d: dict) -> list[str]:
   return sorted(d, key=lambda k: (k.split("@")[0], [int(x) for x in k.split("@")[1].split("/")]))
 
 
-def _markdown(head, rows) -> str:
-  widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                   + [line(r) for r in rows])
-
-
 def format_study(summaries: dict) -> str:
   """The study table (teacher first; every student of `summaries`): perplexity and its recovery per
   text set, needle accuracy per task and length, MQAR recall, score recoveries, tokens/s; then the
@@ -420,7 +413,7 @@ def format_study(summaries: dict) -> str:
                 + [_fmt(s.get("recall", {}).get("student", {}).get(r)) for r in recalls]
                 + [_fmt(s.get("recovery_recall")), _fmt(tput(s, "student"), 0),
                    _fmt(s.get("train_tokens_per_s", {}).get("e2e"), 0)])
-  out = [_markdown(head, rows)]
+  out = [report.aligned_table(head, rows)]
   with_lm_eval = {n: s["lm_eval"] for n, s in summaries.items() if "lm_eval" in s}
   if with_lm_eval:
     ref = next(iter(with_lm_eval.values()))["teacher"]
@@ -431,7 +424,7 @@ def format_study(summaries: dict) -> str:
       recs = [r["recovery"][t][m] for t, m in cols if r["recovery"][t][m] is not None]
       rows.append([name] + [_fmt(r["student"][t][m]) for t, m in cols]
                   + [_fmt(sum(recs) / len(recs) if recs else None)])
-    out.append(_markdown(head, rows))
+    out.append(report.aligned_table(head, rows))
   return "\n\n".join(out)
 
 

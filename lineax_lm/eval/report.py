@@ -34,6 +34,15 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None,
   return "\n".join(lines)
 
 
+def aligned_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  """A markdown table of already formatted cells, each column padded to its widest cell (readable
+  as printed in a terminal, as well as rendered)."""
+  widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+  line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                   + [line(r) for r in rows])
+
+
 def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: str = "{:.3f}") -> str:
   """A markdown table with one line per distinct `row` value and one column per distinct `col` value
   (in order of appearance), holding `value`."""

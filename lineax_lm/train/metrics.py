@@ -34,6 +34,21 @@ def device_memory_gib() -> float | None:
   return None if peak is None else peak / 2**30
 
 
+def read_rows(path: str) -> list[dict]:
+  """The rows of a metrics.jsonl file, [] when there is none. A row torn by a writer still at it (a
+  run read while it trains) or by a kill in the middle of a write is left out."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except ValueError:  # blank, or torn
+        continue
+  return rows
+
+
 def drop_rows_after(path: str, step: int) -> int:
   """Removes the rows of metrics.jsonl `path` (a local file) past `step` (rewritten through a
   temporary file) and returns how many went. A run resumed from step `step` logs those steps again:
