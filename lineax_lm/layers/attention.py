@@ -24,9 +24,9 @@ from flax import nnx
 from jax import lax
 
 from lineax_lm import sharding
-from lineax_lm.layers.base import ctx_or_default, reset_ids_of
-from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, ShortConv, dense, merge_heads,
-                                     rope, split_heads)
+from lineax_lm.layers.base import ShortConvs, ctx_or_default
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, rope,
+                                     split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +76,7 @@ def context_parallel_attention(q, k, v, ids=None, window=None, implementation=No
   return sharding.context_map(local, (q, k, v, ids), ("time",) * 4, k.shape[2])
 
 
-class Attention(nnx.Module):
+class Attention(ShortConvs, nnx.Module):
   """Llama attention. x: [B, L, D] -> ([B, L, D], new KV cache or None)."""
 
   def __init__(self, cfg: AttentionConfig, spec: LayerSpec, rngs: nnx.Rngs):
@@ -95,30 +95,16 @@ class Attention(nnx.Module):
     self.k_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
     self.v_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
     self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), spec, rngs)
-    # (name, channels) of each convolution: a tuple, as module attributes that are not arrays
-    # are part of the (hashable) graph definition
-    self.conv_channels = (("q", H * self.head_dim), ("k", kv), ("v", kv)) if cfg.use_short_conv else ()
-    for name, channels in self.conv_channels:
-      conv = ShortConv(channels, cfg.conv_size, spec, rngs, bias=cfg.conv_bias, activation=None)
-      conv.weight[...] = conv.weight[...].at[-1].add(1.0)  # the current token's tap: identity start
-      setattr(self, f"{name}_conv1d", conv)
-
-  def _short_conv(self, q, k, v, cache, ctx: Context):
-    """q, k, v [B, L, C] through their convolutions -> (q, k, v, new conv states or None)."""
-    if not self.conv_channels:
-      return q, k, v, None
-    states = {}
-    outs = []
-    for name, x in (("q", q), ("k", k), ("v", v)):
-      y, states[name] = getattr(self, f"{name}_conv1d")(
-          x, None if cache is None else cache["conv"][name], reset_ids_of(ctx))
-      outs.append(y)
-    return (*outs, states)
+    if cfg.use_short_conv:
+      for name, channels in (("q", H * self.head_dim), ("k", kv), ("v", kv)):
+        conv = self._make_conv(name, channels, rngs, activation=None)
+        conv.weight[...] = conv.weight[...].at[-1].add(1.0)  # the current token's tap: identity start
 
   def __call__(self, x, cache=None, ctx: Context | None = None):
     cfg = self.cfg
     ctx = ctx_or_default(x, ctx)
-    q, k, v, conv = self._short_conv(self.q_proj(x), self.k_proj(x), self.v_proj(x), cache, ctx)
+    (q, k, v), conv = self.short_conv({"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)},
+                                      cache, ctx, fallback=None)
     q = rope(split_heads(q, self.head_dim), ctx.positions, cfg.rope_theta)
     k = rope(split_heads(k, self.head_dim), ctx.positions, cfg.rope_theta)
     v = split_heads(v, self.head_dim)
@@ -130,7 +116,7 @@ class Attention(nnx.Module):
       idx = (0, start, 0, 0)
       cache = {"k": lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx),
                "v": lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx),
-               **({} if conv is None else {"conv": conv})}
+               **({"conv": conv} if self.conv_names else {})}
       k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
       mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
       o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
@@ -150,14 +136,13 @@ class Attention(nnx.Module):
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
     dtype = dtype or self.spec.dtype
     cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-    if self.conv_channels:
-      rows = self.cfg.conv_size - 1
-      cache["conv"] = {n: jnp.zeros((batch, rows, c), dtype) for n, c in self.conv_channels}
+    if self.conv_names:
+      cache["conv"] = self.conv_cache(batch, dtype)
     return cache
 
   def cache_bytes(self, context_len: int, dtype=None) -> int:
     """2 * kv_heads * head_dim * bytes per token, for `context_len` tokens of one sequence (plus the
     convolutions' (conv_size - 1) * channels inputs with `use_short_conv`)."""
     itemsize = jnp.dtype(dtype or self.spec.dtype).itemsize
-    conv = (self.cfg.conv_size - 1) * sum(c for _, c in self.conv_channels)
-    return (2 * self.num_kv_heads * self.head_dim * context_len + conv) * itemsize
+    return (2 * self.num_kv_heads * self.head_dim * context_len * itemsize
+            + self.conv_cache_bytes(itemsize))

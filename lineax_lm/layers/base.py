@@ -16,17 +16,13 @@ from lineax_lm.layers.common import (F32, Context, LayerSpec, GatedRMSNorm, Mixe
                                      ShortConv, dense, merge_heads, split_heads)
 
 
-class LinearMixer(nnx.Module):
-  """Subclasses call `_setup`, create their convolutions with `_make_conv` and set
-  `self.state_shapes`, a tuple of per-sequence recurrent state shapes (one per state array)."""
+class ShortConvs:
+  """The short convolutions of a layer (the linear mixers, and attention with `use_short_conv`):
+  `_make_conv` creates `<name>_conv1d` from `self.cfg` / `self.spec`, `short_conv` runs them, and
+  `conv_cache` / `conv_cache_bytes` are their decoding state {name: [B, W - 1, C]}."""
 
-  uses_lower_bound = False  # HGRN / HGRN-2 take a lower bound on the forget gate from the model
-  state_shapes: tuple = ()
-
-  def _setup(self, cfg: MixerConfig, spec: LayerSpec):
-    self.cfg, self.spec = cfg, spec
-    self.conv_names: tuple = ()   # layers with a `<name>_conv1d` ShortConv
-    self.conv_states: tuple = ()  # (name, rows, channels) of every cached input window
+  conv_names: tuple = ()   # layers with a `<name>_conv1d` ShortConv
+  conv_states: tuple = ()  # (name, rows, channels) of every cached input window
 
   def _make_conv(self, name: str, channels: int, rngs, activation: str | None = "silu",
                  width: int | None = None, bias: bool | None = None):
@@ -36,6 +32,38 @@ class LinearMixer(nnx.Module):
     setattr(self, f"{name}_conv1d", conv)
     self.conv_names = self.conv_names + (name,)
     self.conv_states = self.conv_states + ((name, conv.width - 1, channels),)
+    return conv
+
+  def short_conv(self, inputs: dict, cache, ctx: Context | None, fallback=jax.nn.silu):
+    """Runs each named input [B, L, C] through its short convolution (with the cached conv state when
+    decoding), or through `fallback` when the layer has no convolutions. Returns (outputs in the
+    order of `inputs`, new conv states {name: [B, W - 1, C]})."""
+    if not self.conv_names:
+      return tuple(x if fallback is None else fallback(x) for x in inputs.values()), {}
+    reset_ids = reset_ids_of(ctx)
+    outs, states = [], {}
+    for name, x in inputs.items():
+      conv_state = None if cache is None else cache["conv"][name]
+      y, states[name] = getattr(self, f"{name}_conv1d")(x, conv_state, reset_ids)
+      outs.append(y)
+    return tuple(outs), states
+
+  def conv_cache(self, batch: int, dtype) -> dict:
+    return {n: jnp.zeros((batch, rows, c), dtype) for n, rows, c in self.conv_states}
+
+  def conv_cache_bytes(self, itemsize: int) -> int:
+    return sum(rows * c for _, rows, c in self.conv_states) * itemsize
+
+
+class LinearMixer(ShortConvs, nnx.Module):
+  """Subclasses call `_setup`, create their convolutions with `_make_conv` and set
+  `self.state_shapes`, a tuple of per-sequence recurrent state shapes (one per state array)."""
+
+  uses_lower_bound = False  # HGRN / HGRN-2 take a lower bound on the forget gate from the model
+  state_shapes: tuple = ()
+
+  def _setup(self, cfg: MixerConfig, spec: LayerSpec):
+    self.cfg, self.spec = cfg, spec
 
   def _make_qkv(self, num_heads: int, key_dim: int, value_dim: int, rngs,
                 qk_conv_act: str | None = "silu"):
@@ -63,20 +91,6 @@ class LinearMixer(nnx.Module):
                                       cache, ctx, fallback)
     hk, hv = self.head_k_dim, self.head_v_dim
     return split_heads(q, hk), split_heads(k, hk), split_heads(v, hv), conv
-
-  def short_conv(self, inputs: dict, cache, ctx: Context | None, fallback=jax.nn.silu):
-    """Runs each named input [B, L, C] through its short convolution (with the cached conv state when
-    decoding), or through `fallback` when the layer has no convolutions. Returns (outputs in the
-    order of `inputs`, new conv states {name: [B, W - 1, C]})."""
-    if not self.conv_names:
-      return tuple(x if fallback is None else fallback(x) for x in inputs.values()), {}
-    reset_ids = reset_ids_of(ctx)
-    outs, states = [], {}
-    for name, x in inputs.items():
-      conv_state = None if cache is None else cache["conv"][name]
-      y, states[name] = getattr(self, f"{name}_conv1d")(x, conv_state, reset_ids)
-      outs.append(y)
-    return tuple(outs), states
 
   def _make_output(self, value_dim: int, head_v_dim: int, rngs, *, gate: bool = True,
                    activation: str = "swish", g_proj=None):
@@ -116,17 +130,14 @@ class LinearMixer(nnx.Module):
     del max_len
     dtype = dtype or self.spec.dtype
     states = tuple(jnp.zeros((batch, *s), F32) for s in self.state_shapes)
-    conv = {n: jnp.zeros((batch, rows, c), dtype) for n, rows, c in self.conv_states}
-    return {"state": states[0] if len(states) == 1 else states, "conv": conv}
+    return {"state": states[0] if len(states) == 1 else states, "conv": self.conv_cache(batch, dtype)}
 
   def cache_bytes(self, context_len: int, dtype=None) -> int:
     """Bytes of one sequence's cache, computed from the layer's dimensions: float32 recurrent state
     plus (W - 1) * C conv inputs per convolution; constant in `context_len`."""
     del context_len
     itemsize = jnp.dtype(dtype or self.spec.dtype).itemsize
-    state = sum(math.prod(s) for s in self.state_shapes) * 4
-    conv = sum(rows * c for _, rows, c in self.conv_states)
-    return state + conv * itemsize
+    return sum(math.prod(s) for s in self.state_shapes) * 4 + self.conv_cache_bytes(itemsize)
 
 
 def reset_ids_of(ctx: Context | None):
