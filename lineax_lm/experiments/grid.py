@@ -103,37 +103,20 @@ def heldout_config(config) -> ml_collections.ConfigDict:
   return data
 
 
-def fixed_length_scorer(model, batch_size: int, length: int | None):
-  """A Scorer that pads every batch to `length` tokens (a power of two), so that all of a cell's
-  scoring (perplexity windows, RULER prompts of every length, MQAR) runs one compiled program
-  instead of one per length bucket: on a GPU a small model's compile costs far more than the
-  padded compute. `length` None: the Scorer's own buckets."""
-  import numpy as np
-  from lineax_lm.eval.scoring import Scorer
-
-  class FixedLength(Scorer):
-    def __call__(self, inputs, targets):
-      inputs, targets = np.asarray(inputs, np.int32), np.asarray(targets, np.int32)
-      L = inputs.shape[-1]
-      if length is None or L >= length:
-        return super().__call__(inputs, targets)
-      pad = ((0, 0), (0, length - L))
-      logp, greedy = super().__call__(np.pad(inputs, pad), np.pad(targets, pad))
-      return logp[:, :L], greedy[:, :L]
-
-  return FixedLength(model, batch_size)
-
-
 def score_cell(cell_dir: str, size, config) -> dict:
   """Loads the cell's trained model and scores it (see the module docstring)."""
   import numpy as np
   from lineax_lm.data.pipeline import make_source
   from lineax_lm.eval import efficiency, language, mqar, ruler
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
+  from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
   from lineax_lm.models.hybrid import ModelConfig
 
   trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
-  model = fixed_length_scorer(trained, size.eval_batch, size.eval_length)
+  # Every scored row (perplexity windows, RULER prompts of every length, MQAR) padded to
+  # size.eval_length: one compiled program for the cell, where a small model's compile on a GPU
+  # costs far more than the padded compute.
+  model = Scorer(trained, size.eval_batch, min_length=size.eval_length or MIN_BUCKET)
   tokenizer = data_tokenizer(run_config)
   src = make_source(heldout_config(run_config), seed=0)
   docs = [src[i] for i in range(min(len(src), size.ppl_documents))]
