@@ -133,6 +133,9 @@ def parse_args(argv=None):
   p.add_argument("--only", default="", help="comma-separated subset of --students to run now")
   p.add_argument("--parallel", type=int, default=1,
                  help="students distilled at a time, each in its own process (they share the GPU)")
+  # Set by --parallel for its processes: how many students shared the device, so the table can say
+  # that their tokens/s were measured on a shared GPU.
+  p.add_argument("--sharing", type=int, default=1, help=argparse.SUPPRESS)
   p.add_argument("--prepare", action="store_true",
                  help="only sample the teacher data and score the teacher (what students share)")
   p.add_argument("--tables", action="store_true",
@@ -221,7 +224,15 @@ def finished_summary(workdir: str) -> dict | None:
     return None
   with open(path, encoding="utf-8") as f:
     summary = json.load(f)
-  return summary if summary.get("final_stage") == "e2e" else None
+  if summary.get("final_stage") != "e2e":
+    return None
+  with open(os.path.join(workdir, DONE), encoding="utf-8") as f:
+    marker = f.read()
+  try:  # older markers are a line of text
+    summary["sharing"] = json.loads(marker).get("sharing", 1)
+  except (json.JSONDecodeError, AttributeError):
+    pass
+  return summary
 
 
 def main(argv=None) -> dict:
@@ -272,7 +283,8 @@ def run_parallel(args, argv, todo: list[str]) -> None:
   if not todo:
     return
   base = [sys.executable, "-m", "lineax_lm.distill.study"] + _without(
-      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel"))
+      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--sharing"))
+  sharing = ["--sharing", str(min(args.parallel, len(todo)))]
   subprocess.run(base + ["--prepare", "--only", todo[0]], check=True)
   running: dict[str, tuple[subprocess.Popen, float]] = {}
   stopped: list[int] = []
@@ -292,7 +304,7 @@ def run_parallel(args, argv, todo: list[str]) -> None:
         student = queue.pop(0)
         os.makedirs(student_dir(args, student), exist_ok=True)
         log = open(os.path.join(student_dir(args, student), "study.log"), "a", encoding="utf-8")
-        running[student] = (subprocess.Popen(base + ["--only", student], stdout=log,
+        running[student] = (subprocess.Popen(base + ["--only", student] + sharing, stdout=log,
                                              stderr=subprocess.STDOUT), time.perf_counter())
         log.close()  # the child holds its own descriptor
         print(f"{student}: started ({len(running)} running, {len(queue)} waiting)", flush=True)
@@ -338,12 +350,13 @@ def run_students(args, students, run_now, summaries: dict, seconds: dict) -> Non
     if done is None and student in run_now:
       start = time.perf_counter()
       summaries[student] = distill(config_for(args, student), workdir)
+      summaries[student]["sharing"] = args.sharing
       seconds[student] = time.perf_counter() - start
       print(f"{student}: {seconds[student]:.0f} s (this invocation)", flush=True)
       if not args.keep_checkpoints:
         prune_checkpoints(workdir)
       with open(os.path.join(workdir, DONE), "w", encoding="utf-8") as f:
-        f.write("evaluation and curve written\n")
+        json.dump({"done": "evaluation and curve written", "sharing": args.sharing}, f)
     elif done is not None:
       summaries[student] = done
       curve = os.path.join(workdir, "curve.json")
@@ -414,6 +427,10 @@ def format_study(summaries: dict) -> str:
                 + [_fmt(s.get("recovery_recall")), _fmt(tput(s, "student"), 0),
                    _fmt(s.get("train_tokens_per_s", {}).get("e2e"), 0)])
   out = [report.aligned_table(head, rows)]
+  shared = max((s.get("sharing", 1) for s in summaries.values()), default=1)
+  if shared > 1:
+    out.append(f"tok/s: measured while up to {shared} students shared the device (--parallel "
+               f"{shared}), so they rank nothing; a student's own speed needs --parallel 1.")
   with_lm_eval = {n: s["lm_eval"] for n, s in summaries.items() if "lm_eval" in s}
   if with_lm_eval:
     ref = next(iter(with_lm_eval.values()))["teacher"]

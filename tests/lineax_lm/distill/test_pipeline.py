@@ -149,9 +149,12 @@ def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
   assert s["final_stage"] == "e2e" and s["ppl_text"]["teacher"] > 0
   assert s["recall"]["student"].keys() == {"mqar@64/4"} and s["forward_tokens_per_s"]["student"] > 0
   assert s["train_tokens_per_s"]["e2e"] > 0
+  # One student ran, alone on the device; students that shared it get their tok/s flagged.
+  assert s["sharing"] == 1 and "shared the device" not in table
+  assert "up to 4 students shared the device" in study.format_study({"gla": dict(s, sharing=4)})
   # Finished: a rerun reads its evaluation and trains nothing.
   again = study.main(args + ["--only", "gated_deltanet"])
-  assert again["gated_deltanet"]["ppl_text"] == s["ppl_text"]
+  assert again["gated_deltanet"]["ppl_text"] == s["ppl_text"] and again["gated_deltanet"]["sharing"] == 1
   assert "this invocation" not in capsys.readouterr().out
   saved = json.load(open(os.path.join(workdir, "study.json")))
   assert saved["table"] in table and os.path.exists(os.path.join(workdir, "study.md"))
