@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 
+from lineax_lm import jobs
 from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
 from lineax_lm.distill.pipeline import (curve_section, distill, plot_curves, score_recovery, setup,
@@ -277,69 +278,23 @@ def prepare(args, student: str) -> dict:
 
 def run_parallel(args, argv, todo: list[str]) -> None:
   """Distils `todo` with at most args.parallel processes at a time (`--only <student>` each, the
-  rest of the command line unchanged), after one `--prepare`. SIGTERM is passed on to the running
-  processes, which save their stage and stop; then Interrupted is raised. SIGINT is not passed on:
-  Ctrl-C reaches the whole process group already, and a second SIGINT stops a trainer unsaved."""
+  rest of the command line unchanged), after one `--prepare`; a signal stops them as
+  `jobs.run_parallel` says, and then Interrupted is raised."""
   if not todo:
     return
-  base = [sys.executable, "-m", "lineax_lm.distill.study"] + _without(
+  base = [sys.executable, "-m", "lineax_lm.distill.study"] + jobs.without_flags(
       sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--sharing"))
-  sharing = ["--sharing", str(min(args.parallel, len(todo)))]
   subprocess.run(base + ["--prepare", "--only", todo[0]], check=True)
-  running: dict[str, tuple[subprocess.Popen, float]] = {}
-  stopped: list[int] = []
-
-  def forward(signum, frame):
-    stopped.append(signum)
-    if signum == signal.SIGTERM:
-      for proc, _ in running.values():
-        proc.send_signal(signum)
-
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-  failed = []
+  sharing = ["--sharing", str(min(args.parallel, len(todo)))]
+  for student in todo:
+    os.makedirs(student_dir(args, student), exist_ok=True)
   try:
-    queue = list(todo)
-    while queue or running:
-      while queue and len(running) < args.parallel and not stopped:
-        student = queue.pop(0)
-        os.makedirs(student_dir(args, student), exist_ok=True)
-        log = open(os.path.join(student_dir(args, student), "study.log"), "a", encoding="utf-8")
-        running[student] = (subprocess.Popen(base + ["--only", student] + sharing, stdout=log,
-                                             stderr=subprocess.STDOUT), time.perf_counter())
-        log.close()  # the child holds its own descriptor
-        print(f"{student}: started ({len(running)} running, {len(queue)} waiting)", flush=True)
-      time.sleep(1.0)
-      for student, (proc, start) in list(running.items()):
-        if proc.poll() is None:
-          continue
-        del running[student]
-        state = "finished" if proc.returncode == 0 else f"stopped (rc={proc.returncode})"
-        print(f"{student}: {state} after {time.perf_counter() - start:.0f} s "
-              f"(log: {os.path.join(student_dir(args, student), 'study.log')})", flush=True)
-        if proc.returncode != 0:
-          failed.append(student)
-      if stopped:
-        queue.clear()
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-  if stopped:
-    raise Interrupted({"stopped_by": signal.Signals(stopped[0]).name}, args.workdir)
+    failed = jobs.run_parallel({s: base + ["--only", s] + sharing for s in todo}, args.parallel,
+                               lambda s: os.path.join(student_dir(args, s), "study.log"))
+  except jobs.Stopped as e:
+    raise Interrupted({"stopped_by": signal.Signals(e.signum).name}, args.workdir) from None
   if failed:
     raise RuntimeError(f"students {failed} failed: see their study.log")
-
-
-def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-  """argv without the given flags and their values (`--flag value` or `--flag=value`)."""
-  out, skip = [], False
-  for a in argv:
-    if skip:
-      skip = False
-    elif a in flags:
-      skip = True
-    elif not any(a.startswith(f + "=") for f in flags):
-      out.append(a)
-  return out
 
 
 def run_students(args, students, run_now, summaries: dict, seconds: dict) -> None:

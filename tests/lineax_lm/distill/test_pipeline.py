@@ -163,9 +163,7 @@ def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
     study.main(args + ["--only", "hgrn"])
 
 
-def test_study_parallel_children_get_the_command_line_without_only_and_parallel():
-  argv = ["--workdir", "w", "--only", "gla", "--parallel=2", "--tokens", "3", "--parallel", "4"]
-  assert study._without(argv, ("--only", "--parallel")) == ["--workdir", "w", "--tokens", "3"]
+def test_study_parallel_must_be_positive():
   with pytest.raises(ValueError, match="--parallel"):
     study.main(["--workdir", "w", "--parallel", "0"])
 
