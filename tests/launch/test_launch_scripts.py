@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh"]
+SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh", "h200_env.sh"]
 
 
 def run(script, *args, **env):
@@ -86,3 +86,18 @@ def test_tpu_pod_logs_stop_and_errors():
   assert local.returncode == 2 and "must be a gs:// path" in local.stderr
   no_repo = run("tpu_pod.sh", "--dry-run", CONFIG="c.py", WORKDIR="gs://b/x", **env)
   assert no_repo.returncode == 2 and "set REPO" in no_repo.stderr
+
+
+def test_h200_env_installs_only_what_is_missing(tmp_path):
+  # The venv has every lineax_lm module: nothing to install. A module that no interpreter has and
+  # no wheel in .whl/ provides is named.
+  env_sh = os.path.join(ROOT, "launch", "h200_env.sh")
+  bin_dir = os.path.dirname(sys.executable)
+  script = (f"source {env_sh} && install_missing_wheels && echo PYTHONPATH=$PYTHONPATH && "
+            "install_missing_wheels no_such_module:no-such-wheel; echo rc=$?")
+  out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
+  assert f"PYTHONPATH=/tmp/site:{tmp_path}" in out.stdout, out.stdout + out.stderr
+  assert "installing" not in out.stdout
+  assert "missing module no_such_module and no .whl/no-such-wheel-*.whl" in out.stdout
+  assert out.stdout.strip().endswith("rc=2")
