@@ -4,6 +4,9 @@
   non-empty line.
 - `JsonlSource(paths, text_field="text")`: JSON-lines files (local or gs://...); a document is the `text_field` of
   one line's object.
+  Both read gzip files (a name ending in `.gz`: `train-00000.jsonl.gz`, `notes.txt.gz`) through
+  `open_data_file`; a file named `.gz` that is not valid gzip (or is truncated) is a ValueError
+  naming the file.
 - `ParquetSource(paths, text_field="text")`: Parquet files (local or gs://..., read with pyarrow);
   a document is the `text_field` of one row (fineweb-edu's shards have a "text" column).
 - `tfds_text_source(name, split=..., data_dir=..., text_field=...)`: a TFDS dataset already prepared
@@ -13,17 +16,25 @@
 
 `paths` is a list of files or glob patterns, or one string of them separated by commas; every
 pattern must match a file. Files are indexed once (byte offsets of their lines), then read lazily, so
-random access costs one seek; sources are thread-safe (each read opens its file). Building a source
-checks every file once: an empty file (unit "file") or one that is not UTF-8 is a ValueError that
-names the file, the line and the byte offset, before any training step.
+random access costs one seek; sources are thread-safe (each read opens its file). A gzip file of
+unit "line" / jsonl is decompressed once into memory instead (seeking in a gzip stream re-reads it
+from the start, which a shuffled read order would do for every document): fine up to some hundred
+MB of text (the shipped corpus holds 6.3 MB); keep a larger corpus as plain jsonl, parquet or
+array_record.
+Building a source checks every file once: an empty file (unit "file") or one that is not UTF-8 is a
+ValueError that names the file, the line and the byte offset (of the decompressed bytes for gzip),
+before any training step.
 """
 from __future__ import annotations
 
 import bisect
 import codecs
+import contextlib
 import functools
+import gzip
 import json
 import os
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +65,31 @@ def resolve_paths(paths: str | Sequence[str]) -> list[str]:
   return files
 
 
+GZIP_SUFFIX = ".gz"
+
+
+def is_gzip(path) -> bool:
+  """A file read through gzip: its name ends in `.gz` (`x.jsonl.gz`, `x.txt.gz`)."""
+  return os.fspath(path).endswith(GZIP_SUFFIX)
+
+
+@contextlib.contextmanager
+def open_data_file(path):
+  """A binary stream of the bytes of a text / jsonl file: decompressed when `is_gzip(path)`. Bad
+  gzip data (not gzip, corrupt, truncated) is a ValueError naming the file."""
+  with storage.open_file(path, "rb") as raw:
+    if not is_gzip(path):
+      yield raw
+      return
+    try:
+      with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        yield f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+      raise ValueError(f"{path}: not readable as gzip ({type(e).__name__}: {e}); a file whose name "
+                       f"ends in {GZIP_SUFFIX!r} is read as gzip (recompress it, or rename it if it "
+                       "is plain text)") from None
+
+
 def _not_utf8(path: str, line_no: int, offset: int, e: UnicodeDecodeError) -> ValueError:
   """The error for bytes that are not UTF-8: line `line_no` (1-based) and file byte `offset`."""
   return ValueError(f"{path}: line {line_no}, byte offset {offset}: not valid UTF-8 ({e.reason}: "
@@ -69,24 +105,27 @@ def _decode(data: bytes, path: str, first_line: int, offset: int) -> str:
     raise _not_utf8(path, first_line + data.count(b"\n", 0, e.start), offset + e.start, e) from None
 
 
-def _line_offsets(path: str) -> np.ndarray:
-  """Byte offsets of the non-blank lines of a file, [n] int64 (every line checked as UTF-8)."""
-  offsets, pos = [], 0
-  with storage.open_file(path, "rb") as f:
+def _index_lines(path: str) -> tuple[np.ndarray, bytes | None]:
+  """Byte offsets of the non-blank lines of a file, [n] int64 (every line checked as UTF-8), and
+  for a gzip file its decompressed bytes, which the offsets index (None for a plain file: its
+  lines are read back by seeking)."""
+  offsets, pos, lines = [], 0, [] if is_gzip(path) else None
+  with open_data_file(path) as f:
     for line_no, line in enumerate(f, 1):
       _decode(line, path, line_no, pos)
       if line.strip():
         offsets.append(pos)
       pos += len(line)
-  return np.asarray(offsets, np.int64)
+      if lines is not None:
+        lines.append(line)
+  return np.asarray(offsets, np.int64), None if lines is None else b"".join(lines)
 
 
 def _check_text_file(path: str, block: int = 1 << 20) -> None:
-  """ValueError unless `path` holds some bytes, all of them UTF-8 (read in blocks of `block`)."""
-  if storage.size(path) == 0:
-    raise ValueError(f"{path}: the file is empty; a document needs text (remove it from `paths`)")
+  """ValueError unless `path` holds some bytes (decompressed, for gzip), all of them UTF-8 (read
+  in blocks of `block`)."""
   decoder, line_no, pos = codecs.getincrementaldecoder("utf-8")(), 1, 0
-  with storage.open_file(path, "rb") as f:
+  with open_data_file(path) as f:
     while True:
       data = f.read(block)
       try:
@@ -96,11 +135,17 @@ def _check_text_file(path: str, block: int = 1 << 20) -> None:
         raise _not_utf8(path, line_no + e.object.count(b"\n", 0, e.start), start + e.start,
                         e) from None
       if not data:
-        return
+        break
       line_no, pos = line_no + data.count(b"\n"), pos + len(data)
+  if pos == 0:
+    raise ValueError(f"{path}: the file is empty; a document needs text (remove it from `paths`)")
 
 
-def _read_line(path: str, offset: int) -> str:
+def _read_line(path: str, offset: int, decompressed: bytes | None) -> str:
+  """The line at byte `offset` of `path`, or of its `decompressed` bytes when given."""
+  if decompressed is not None:
+    end = decompressed.find(b"\n", offset)
+    return decompressed[offset:len(decompressed) if end < 0 else end + 1].decode("utf-8")
   with storage.open_file(path, "rb") as f:
     f.seek(offset)
     return f.readline().decode("utf-8")
@@ -111,7 +156,7 @@ class _LinesSource:
 
   def __init__(self, paths: str | Sequence[str]):
     self.files = resolve_paths(paths)
-    self._offsets = [_line_offsets(f) for f in self.files]
+    self._offsets, self._decompressed = zip(*(_index_lines(f) for f in self.files))
     self._starts = np.cumsum([0] + [len(o) for o in self._offsets]).tolist()
     if self._starts[-1] == 0:
       raise ValueError(f"`paths`: the files {self.files} hold no non-blank line")
@@ -125,7 +170,8 @@ class _LinesSource:
       raise IndexError(f"document index {index} is outside [0, {len(self)})")
     i = bisect.bisect_right(self._starts, index) - 1
     j = index - self._starts[i]
-    return self.files[i], j, _read_line(self.files[i], int(self._offsets[i][j]))
+    return self.files[i], j, _read_line(self.files[i], int(self._offsets[i][j]),
+                                        self._decompressed[i])
 
 
 class TextFileSource(_LinesSource):
@@ -149,7 +195,7 @@ class TextFileSource(_LinesSource):
   def __getitem__(self, index: int) -> str:
     if self.unit == "line":
       return self._line(index)[2].rstrip("\r\n")
-    with storage.open_file(self.files[index], "rb") as f:  # no newline translation
+    with open_data_file(self.files[index]) as f:  # binary: no newline translation
       return f.read().decode("utf-8")
 
   def __repr__(self) -> str:

@@ -83,3 +83,45 @@ def test_tfds_prepared_dataset():
     assert len(src) == 6 and all(isinstance(src[i], str) for i in range(6))
     with pytest.raises(ValueError, match="text_field"):
       tfds_text_source("imdb_reviews", split="train", text_field="body")[0]
+
+
+def _gzip(path, data: bytes):
+  import gzip
+  with gzip.open(path, "wb") as f:
+    f.write(data)
+  return str(path)
+
+
+def test_gzip_files_read_as_their_plain_text(corpus):
+  for name in ("a.txt", "b.txt", "sub/x.jsonl", "sub/y.jsonl"):
+    _gzip(corpus / (name + ".gz"), (corpus / name).read_bytes())
+  plain_files, gz_files = (TextFileSource(f"{corpus}/*.txt{s}", unit="file") for s in ("", ".gz"))
+  assert [gz_files[i] for i in range(2)] == [plain_files[i] for i in range(2)]
+  plain_lines, gz_lines = (TextFileSource(f"{corpus}/*.txt{s}", unit="line") for s in ("", ".gz"))
+  assert [gz_lines[i] for i in range(len(gz_lines))] == [plain_lines[i] for i in range(len(plain_lines))]
+  src = JsonlSource(f"{corpus}/sub/*.jsonl.gz")   # the blank line of x.jsonl is skipped there too
+  assert [src[i] for i in range(len(src))] == ["doc zero", "doc one ü", "doc two"]
+  mixed = JsonlSource(f"{corpus}/sub/x.jsonl.gz,{corpus}/sub/y.jsonl")
+  assert [mixed[i] for i in range(len(mixed))] == ["doc zero", "doc one ü", "doc two"]
+
+
+def test_gzip_errors_name_the_file(corpus):
+  not_gzip = corpus / "plain.jsonl.gz"
+  not_gzip.write_text('{"text": "not compressed"}\n')
+  with pytest.raises(ValueError, match=r"plain\.jsonl\.gz: not readable as gzip \(BadGzipFile"):
+    JsonlSource(str(not_gzip))
+  whole = (corpus / "sub/x.jsonl").read_bytes() * 50
+  cut = corpus / "cut.jsonl.gz"
+  _gzip(cut, whole)
+  cut.write_bytes(cut.read_bytes()[:-12])   # the stream's end and its checksum lost
+  with pytest.raises(ValueError, match=r"cut\.jsonl\.gz: not readable as gzip \(EOFError"):
+    JsonlSource(str(cut))
+  with pytest.raises(ValueError, match=r"cut\.jsonl\.gz: not readable as gzip"):
+    TextFileSource(str(cut), unit="file")
+  latin1 = _gzip(corpus / "latin1.txt.gz", "line one\nsecond é\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin1\.txt\.gz: line 2, byte offset 16: not valid UTF-8"):
+    TextFileSource(latin1, unit="line")
+  with pytest.raises(ValueError, match=r"latin1\.txt\.gz: line 2, byte offset 16: not valid UTF-8"):
+    TextFileSource(latin1, unit="file")
+  with pytest.raises(ValueError, match=r"empty\.txt\.gz: the file is empty"):
+    TextFileSource(_gzip(corpus / "empty.txt.gz", b""), unit="file")
