@@ -17,18 +17,39 @@ papers'. The fineweb-edu recipe is in docs/hybrid_study.md.
 
 `--teacher tiny` samples the random tiny Llama of lineax_lm.distill.teacher (no package needed):
 the tests' corpus.
+
+The shipped corpus (`corpora/smollm2_samples/` in the repository, the `small` grid's default: see
+its README.md) was sampled on a GPU and packed into gzip shards with
+
+    python -m lineax_lm.experiments.corpus --out corpora/smollm2_samples --shards 4 \
+        --pack DATA/train.jsonl DATA/heldout.jsonl --max_new_tokens 512 --join_tokens 2048
+
+(`DATA`: a distillation study's `<workdir>/data`, whose documents are teacher samples joined to
+>= 2,048 teacher tokens; the sampling flags are only recorded in corpus.json). A folder holds
+`train-*.jsonl` or `train-*.jsonl.gz` shards and `heldout.jsonl` or `heldout.jsonl.gz`.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import json
 import os
 
+import numpy as np
+
+from lineax_lm.data.text import JsonlSource, open_data_file
 from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill import data as distill_data
+from lineax_lm.eval import report
 
 TEACHERS = ("smollm2", "tiny")
+TRAIN_PATTERNS = ("train-*.jsonl", "train-*.jsonl.gz")
+HELDOUT_NAMES = ("heldout.jsonl", "heldout.jsonl.gz")
+# The corpora committed to the repository, beside the lineax_lm package (a clone has them; an
+# installed wheel does not).
+SHIPPED_CORPORA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "corpora")
 
 
 def load_sampling_teacher(kind: str, folder: str):
@@ -48,7 +69,81 @@ def load_sampling_teacher(kind: str, folder: str):
 
 
 def shard_paths(folder: str) -> list[str]:
-  return sorted(glob.glob(os.path.join(folder, "train-*.jsonl")))
+  """The training shards of a corpus folder, plain and gzip."""
+  return sorted(p for pattern in TRAIN_PATTERNS for p in glob.glob(os.path.join(folder, pattern)))
+
+
+def shipped_corpus(name: str) -> str:
+  """The folder of a corpus shipped in the repository's corpora/ (e.g. "smollm2_samples")."""
+  folder = os.path.join(SHIPPED_CORPORA, name)
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f"the shipped corpus {folder} is missing: it is committed to the "
+                            "repository's corpora/ folder, which an installed wheel lacks; run from "
+                            "a clone, or pass --corpus DIR (a folder made by "
+                            "python -m lineax_lm.experiments.corpus)")
+  return folder
+
+
+def corpus_files(folder: str) -> dict:
+  """{"train": the shard patterns of `folder` that match a file (comma-separated, a `data.paths`
+  value), "heldout": its held-out file}; FileNotFoundError when either is missing."""
+  train = [os.path.join(folder, p) for p in TRAIN_PATTERNS if glob.glob(os.path.join(folder, p))]
+  heldout = [os.path.join(folder, n) for n in HELDOUT_NAMES if os.path.exists(os.path.join(folder, n))]
+  for found, names in ((train, TRAIN_PATTERNS), (heldout, HELDOUT_NAMES)):
+    if not found:
+      raise FileNotFoundError(f"corpus {folder}: no {' or '.join(names)}; make the corpus with "
+                              f"python -m lineax_lm.experiments.corpus --out {folder}")
+  if len(heldout) > 1:
+    raise ValueError(f"corpus {folder}: both {' and '.join(heldout)}; keep one held-out file")
+  return dict(train=",".join(train), heldout=heldout[0])
+
+
+def count_documents(paths) -> int:
+  """Non-blank lines (documents) of jsonl files, plain or gzip."""
+  total = 0
+  for path in paths:
+    with open_data_file(path) as f:
+      total += sum(1 for line in f if line.strip())
+  return total
+
+
+def write_jsonl_gz(path: str, texts) -> str:
+  """{"text": ...} lines, gzip-compressed, written to `<path>.tmp` then renamed. The gzip header
+  holds no file name or time, so the same texts give the same bytes (a re-pack is no git change)."""
+  tmp = path + ".tmp"
+  with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                             compresslevel=9) as f:
+    for text in texts:
+      f.write((json.dumps({"text": text}, ensure_ascii=False) + "\n").encode("utf-8"))
+  os.replace(tmp, path)
+  return path
+
+
+def pack_corpus(folder: str, train_jsonl: str, heldout_jsonl: str, *, shards: int = 4,
+                sampling: dict | None = None) -> dict:
+  """Documents sampled elsewhere (jsonl files of {"text": ...}) as a corpus folder:
+  `train-0000i.jsonl.gz` (`shards` runs of consecutive documents, about equal counts),
+  `heldout.jsonl.gz` and corpus.json (counts, bytes and `sampling`, how the texts were made)."""
+  train, heldout = JsonlSource(train_jsonl), JsonlSource(heldout_jsonl)
+  docs = [train[i] for i in range(len(train))]
+  held = [heldout[i] for i in range(len(heldout))]
+  if not 1 <= shards <= len(docs):
+    raise ValueError(f"`shards` must be in [1, {len(docs)} documents]; got {shards}")
+  os.makedirs(folder, exist_ok=True)
+  # a re-pack into fewer shards, or over a sampled folder, leaves none of the old files
+  for stale in shard_paths(folder) + [os.path.join(folder, n) for n in HELDOUT_NAMES]:
+    if os.path.exists(stale):
+      os.remove(stale)
+  bounds = np.linspace(0, len(docs), shards + 1).round().astype(int)
+  for i in range(shards):
+    write_jsonl_gz(os.path.join(folder, f"train-{i:05d}.jsonl.gz"), docs[bounds[i]:bounds[i + 1]])
+  write_jsonl_gz(os.path.join(folder, "heldout.jsonl.gz"), held)
+  info = dict(train=os.path.join(folder, "train-*.jsonl.gz"),
+              heldout=os.path.join(folder, "heldout.jsonl.gz"), documents=len(docs),
+              heldout_documents=len(held), train_bytes=sum(len(d.encode("utf-8")) for d in docs),
+              heldout_bytes=sum(len(d.encode("utf-8")) for d in held), **(sampling or {}))
+  report.write_json(os.path.join(folder, "corpus.json"), info)
+  return info
 
 
 def make_corpus(folder: str, *, teacher: str = "smollm2", shards: int = 8, docs_per_shard: int = 256,
@@ -72,10 +167,7 @@ def make_corpus(folder: str, *, teacher: str = "smollm2", shards: int = 8, docs_
         model, tokenizer, num_docs=n, max_new_tokens=max_new_tokens, batch_size=min(batch_size, n),
         temperature=temperature, top_p=top_p, seed=shard_seed, stop_ids=stops, min_chars=min_chars)
     distill_data.write_jsonl(path, texts)
-  documents = 0
-  for path in shard_paths(folder):
-    with open(path, encoding="utf-8") as f:
-      documents += sum(1 for line in f if line.strip())
+  documents = count_documents(shard_paths(folder))
   info = dict(train=os.path.join(folder, "train-*.jsonl"), heldout=jobs[0][0], documents=documents,
               teacher=teacher, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
   with open(os.path.join(folder, "corpus.json"), "w", encoding="utf-8") as f:
@@ -96,7 +188,18 @@ def main(argv=None):
   p.add_argument("--top_p", type=float, default=None, help="nucleus sampling (default: none, as "
                  "the distillation samples; on CPU its sort over the vocabulary costs time)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--pack", nargs=2, metavar=("TRAIN_JSONL", "HELDOUT_JSONL"),
+                 help="sample nothing: write these documents (e.g. a distillation study's "
+                 "data/{train,heldout}.jsonl) as --shards gzip shards and heldout.jsonl.gz; the "
+                 "sampling flags and --join_tokens are recorded in corpus.json")
+  p.add_argument("--join_tokens", type=int, default=0,
+                 help="with --pack: the documents' minimum teacher tokens (samples joined)")
   a = p.parse_args(argv)
+  if a.pack:
+    sampling = dict(teacher=a.teacher, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                    top_p=a.top_p, join_tokens=a.join_tokens)
+    print(json.dumps(pack_corpus(a.out, *a.pack, shards=a.shards, sampling=sampling), indent=1))
+    return
   info = make_corpus(a.out, teacher=a.teacher, shards=a.shards, docs_per_shard=a.docs_per_shard,
                      heldout_docs=a.heldout_docs, max_new_tokens=a.max_new_tokens,
                      batch_size=a.batch_size, temperature=a.temperature, top_p=a.top_p,

@@ -1,7 +1,12 @@
 """The hybrid-ratio study, every mixer x ratio cell plus the Transformer, in one resumable command.
 
     python -m lineax_lm.experiments.grid --size small --out runs/hybrid_small \
-        --corpus corpora/smollm2 [--only gla:6:1,hgrn:pure,transformer] [--set train.tokens=...]
+        [--only gla:6:1,hgrn:pure,transformer] [--set train.tokens=...] [--corpus DIR]
+
+The data: `--corpus DIR`, a folder made by lineax_lm.experiments.corpus; by default the size's
+shipped corpus (`small`: corpora/smollm2_samples, SmolLM2-135M samples committed to the
+repository), `tiny`: samples of the random tiny teacher made in `<out>/corpus`; `--corpus ""` (and
+340m / 1.3b): none, name it with `--set data.*`.
 
 Per cell (lineax_lm.experiments.sizes says which cells and sizes there are), in
 `<out>/cells/<cell>/`:
@@ -68,24 +73,34 @@ def apply_overrides(config, overrides) -> None:
 
 def corpus_data(corpus: str) -> dict:
   """The data fields of a corpus folder made by lineax_lm.experiments.corpus (train shards and a
-  held-out file), or {} when `corpus` is empty (then `--set data.paths=...` names the data)."""
+  held-out file, plain or gzip jsonl), or {} when `corpus` is empty (then `--set data.paths=...`
+  names the data). Training reads the shards only; the grid's scores read the held-out file."""
   if not corpus:
     return {}
-  shards = os.path.join(corpus, "train-*.jsonl")
-  heldout = os.path.join(corpus, "heldout.jsonl")
-  if not os.path.exists(heldout):
-    raise FileNotFoundError(f"`--corpus` {corpus}: no heldout.jsonl; make the corpus with "
-                            "python -m lineax_lm.experiments.corpus --out " + corpus)
-  return dict(source="jsonl", paths=shards, heldout_paths=heldout, heldout_fraction=0.0)
+  from lineax_lm.experiments.corpus import corpus_files
+  files = corpus_files(corpus)
+  return dict(source="jsonl", paths=files["train"], heldout_paths=files["heldout"],
+              heldout_fraction=0.0)
 
 
-def build_cells(size_name: str, only: str = "", corpus: str = "", overrides=(),
+def default_corpus(size) -> str:
+  """The corpus folder a size reads when `--corpus` is not given: its shipped one, or "" (none)."""
+  if not size.corpus:
+    return ""
+  from lineax_lm.experiments.corpus import shipped_corpus
+  return shipped_corpus(size.corpus)
+
+
+def build_cells(size_name: str, only: str = "", corpus: str | None = None, overrides=(),
                 accelerator: bool | None = None) -> list[dict]:
-  """{"name", "mixer", "ratio", "config", placement fields} of the cells to run."""
+  """{"name", "mixer", "ratio", "config", placement fields} of the cells to run; `corpus` None:
+  the size's `default_corpus`."""
   if accelerator is None:
     import jax
     accelerator = jax.default_backend() != "cpu"
   size = sizes_lib.get_size(size_name)
+  if corpus is None:
+    corpus = default_corpus(size)
   out = []
   for mixer, ratio in sizes_lib.parse_cells(only, size):
     c = sizes_lib.cell_config(size, mixer, ratio, accelerator)
@@ -283,12 +298,15 @@ def write_plots(results: list[dict], out: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the grid
-def run_grid(size_name: str, out: str, *, only: str = "", corpus: str = "", overrides=(),
+def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = None, overrides=(),
              progress: bool = True, accelerator: bool | None = None) -> list[dict]:
-  """Runs every cell not yet finished (see the module docstring); returns every result in `out`."""
+  """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
+  `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data)."""
   from tqdm import tqdm
   size = sizes_lib.get_size(size_name)
   os.makedirs(out, exist_ok=True)
+  if corpus is None:
+    corpus = default_corpus(size)
   if not corpus and size.name == "tiny":  # the tiny teacher's samples: no package, seconds on CPU
     from lineax_lm.experiments.corpus import make_corpus
     corpus = os.path.join(out, "corpus")
@@ -314,8 +332,9 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description="The hybrid-ratio study grid (docs/hybrid_study.md).")
   p.add_argument("--size", required=True, choices=sorted(sizes_lib.SIZES))
   p.add_argument("--out", required=True, help="the grid folder (cells/, tables, plots)")
-  p.add_argument("--corpus", default="", help="a folder made by lineax_lm.experiments.corpus "
-                 "(train-*.jsonl + heldout.jsonl); else name the data with --set data.*")
+  p.add_argument("--corpus", default=None, help="a folder made by lineax_lm.experiments.corpus "
+                 "(train-*.jsonl[.gz] + heldout.jsonl[.gz]); default: the size's shipped corpus "
+                 "(small: corpora/smollm2_samples); \"\": none, name the data with --set data.*")
   p.add_argument("--only", default="", help="cells to run: mixer:ratio,... (e.g. gla:6:1,"
                  "hgrn:pure,transformer; a bare mixer runs all its ratios)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",

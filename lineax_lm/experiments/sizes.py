@@ -13,7 +13,8 @@ Sizes:
   small  one H200 cell in about a minute with compile: 24 layers of width 256 (4 attention heads of
          64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
          tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 5.2M tokens (320 steps),
-         lr 2e-3, on the SmolLM2 teacher-sample corpus (lineax_lm.experiments.corpus).
+         lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
+         default corpus for this size; any folder made by lineax_lm.experiments.corpus works).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
@@ -51,6 +52,7 @@ class Size:
   tokenizer: str = "byte"
   backend: str = "auto"
   cells: tuple = ()                    # () : every mixer x ratio and the Transformer
+  corpus: str = ""                     # the grid's default corpus: a folder of corpora/; "": none
   # evaluation
   ppl_documents: int = 64              # held-out documents scored
   ruler_tasks: tuple = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
@@ -73,7 +75,7 @@ SIZES = {
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
                  efficiency_lengths=(256,)),
     "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
-                  tokens=320 * 16 * 1024, lr=2e-3),
+                  tokens=320 * 16 * 1024, lr=2e-3, corpus="smollm2_samples"),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
                  ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,

@@ -1,5 +1,7 @@
-"""Corpus loaders for LM pretraining: parquet files, and the held-out split of any text source."""
+"""Corpus loaders for LM pretraining: parquet files, the held-out split of any text source, packed
+gzip corpora and the shipped corpus the small grid reads."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -57,3 +59,52 @@ def test_heldout_split_by_fraction_and_by_files(tmp_path):
   c.split = "dev"
   with pytest.raises(ValueError, match="data.split"):
     make_source(c, 0)
+
+
+def test_pack_corpus_writes_gzip_shards_the_grid_reads(tmp_path):
+  from lineax_lm.experiments import corpus as corpus_lib
+  from lineax_lm.experiments.grid import corpus_data
+  src = tmp_path / "src"
+  src.mkdir()
+  docs = [f"joined document {i} é" for i in range(10)]
+  (src / "train.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+  (src / "heldout.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+  out = str(tmp_path / "packed")
+  info = corpus_lib.pack_corpus(out, str(src / "train.jsonl"), str(src / "heldout.jsonl"), shards=3,
+                                sampling=dict(join_tokens=2048))
+  assert info["documents"] == 10 and info["heldout_documents"] == 1 and info["join_tokens"] == 2048
+  shards = corpus_lib.shard_paths(out)
+  assert [os.path.basename(p) for p in shards] == [f"train-0000{i}.jsonl.gz" for i in range(3)]
+  first = open(shards[0], "rb").read()
+  corpus_lib.pack_corpus(out, str(src / "train.jsonl"), str(src / "heldout.jsonl"), shards=2)
+  assert len(corpus_lib.shard_paths(out)) == 2            # the third shard of the first pack is gone
+  assert corpus_lib.count_documents(corpus_lib.shard_paths(out)) == 10
+  corpus_lib.pack_corpus(out, str(src / "train.jsonl"), str(src / "heldout.jsonl"), shards=3)
+  assert open(shards[0], "rb").read() == first            # no name or time in the gzip header
+  c = default_data_config()
+  c.update(corpus_data(out))
+  assert [make_source(c, 0)[i] for i in range(10)] == docs
+  c.split = "heldout"
+  assert [make_source(c, 0)[i] for i in range(1)] == ["held out"]
+  open(os.path.join(out, "heldout.jsonl"), "w").write(json.dumps({"text": "x"}) + "\n")
+  with pytest.raises(ValueError, match="keep one held-out file"):
+    corpus_data(out)
+  with pytest.raises(FileNotFoundError, match=r"no train-\*\.jsonl or train-\*\.jsonl\.gz"):
+    corpus_data(str(src))
+
+
+def test_the_small_grid_reads_the_shipped_corpus_and_scores_on_its_heldout_file():
+  from lineax_lm.experiments import corpus as corpus_lib, grid
+  (cell,) = grid.build_cells("small", "gated_deltanet:3:1", accelerator=False)
+  folder = corpus_lib.shipped_corpus("smollm2_samples")
+  data = cell["config"].data
+  assert data.source == "jsonl" and data.paths == os.path.join(folder, "train-*.jsonl.gz")
+  assert data.heldout_paths == os.path.join(folder, "heldout.jsonl.gz") and data.heldout_fraction == 0
+  train = make_source(data, 0)
+  heldout = make_source(grid.heldout_config(cell["config"]), 0)
+  assert len(train) == 746 and len(heldout) == 24     # corpora/smollm2_samples/README.md
+  train_docs = {train[i] for i in range(len(train))}
+  assert not train_docs & {heldout[i] for i in range(len(heldout))}   # never trained on
+  assert min(len(d) for d in train_docs) > 2048      # joined samples: >= 2,048 teacher tokens
+  with pytest.raises(FileNotFoundError, match="pass --corpus DIR"):
+    corpus_lib.shipped_corpus("no_such_corpus")
