@@ -26,13 +26,16 @@ backward (residuals: the inputs, w, u and T; states are recomputed, never stored
                                 dbeta and the rest of dG; dg is the reverse chunk-local cumsum
                                 of dG.
 The tile axis comes first in the grids of 2-5: Triton launches axis 0 fastest, so the programs that
-read the same keys (one head, one chunk) run side by side and share them through L2.
+read the same keys (one head, one chunk) run side by side and share them through L2. Any V runs in
+one launch of each kernel: the state passes (2-4) take more value tiles on their grid, the chunk
+kernels (1, 5, 6) loop over them (`kernel_math.over_value_tiles`) beside their V-independent work
+(T and w; the q/k side of dq, dk and of 6), which is thus done once at any V.
 
-Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels;
-a wider V runs as slices); bf16, f16 and f32 inputs; scalar gates (or none: the delta rule);
-initial_state, final state and cu_seqlens (re-packed chunk-aligned by common.varlen), all through
-common/gpu/layout.py's `run_chunked`. Per-channel gates are KDA's (kda/gpu.py: its own WY
-kernels on the same stages). Matmul operands are in the input dtype with a float32 accumulator; the
+Supported: any B, T, H; K up to 256 and any V (zero-padded to powers of two >= 16 outside the
+kernels, a V above 256 to a multiple of 128); bf16, f16 and f32 inputs; scalar gates (or none: the
+delta rule); initial_state, final state and cu_seqlens (re-packed chunk-aligned by common.varlen),
+all through common/gpu/layout.py's `run_chunked`. Per-channel gates are KDA's (kda/gpu.py: its own
+WY kernels on the same stages). Matmul operands are in the input dtype with a float32 accumulator; the
 state, the gates and the inverse are float32.
 """
 from __future__ import annotations
@@ -48,8 +51,8 @@ from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, decay, dot,
-                                                   dot_nt, dot_tn, lower_mask, precision,
-                                                   scale_rows)
+                                                   dot_nt, dot_tn, lower_mask, over_value_tiles,
+                                                   precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule import reference
 
@@ -91,12 +94,14 @@ def write_u(Ts, bs, v_ref, u_ref, bv: int = 128):
   prec = precision(dt)
   rows = [pl.ds(p * SUB, SUB) for p in range(len(Ts))]
   V = v_ref.shape[1]
-  bv = math.gcd(V, bv)
-  for j in range(V // bv):
-    vs = pl.ds(j * bv, bv)
+
+  def value_tile(vs, carry):
     vb = [scale_rows(v_ref[r, vs], bs[q], dt) for q, r in enumerate(rows)]
     for p, r in enumerate(rows):
       u_ref[r, vs] = sum(dot(Ts[p][q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
+    return carry
+
+  over_value_tiles(V, math.gcd(V, bv), value_tile)
 
 
 def _wy_fwd(k, v, G, beta, st: Static):
@@ -120,16 +125,17 @@ def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv):
   C = CHUNK
   dt = Tc.dtype
   prec = precision(dt)
-  dT = jnp.zeros((C, C), F32)
-  dbeta = jnp.zeros((C,), F32)
-  for j in range(v_ref.shape[1] // bv):
-    vs = pl.ds(j * bv, bv)
+
+  def value_tile(vs, acc):
+    dT, dbeta = acc
     du, v = du_ref[:, vs], v_ref[:, vs]
     dvb = dot_tn(Tc, du, prec)                        # T^T du
     dv_ref[:, vs] = scale_rows(dvb, beta).astype(dv_ref.dtype)
-    dbeta += jnp.sum(dvb * v.astype(F32), axis=1)
-    dT += dot_nt(du, scale_rows(v, beta, dt), prec)
-  return dT, dbeta
+    dbeta = dbeta + jnp.sum(dvb * v.astype(F32), axis=1)
+    return dT + dot_nt(du, scale_rows(v, beta, dt), prec), dbeta
+
+  return over_value_tiles(v_ref.shape[1], bv, value_tile,
+                          (jnp.zeros((C, C), F32), jnp.zeros((C,), F32)))
 
 
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, dg1_ref,

@@ -41,7 +41,8 @@ backward (residuals: the inputs, w, u, T, P, qg and kg; the states are recompute
                               dk, dbeta, and dg, the reverse chunk-local cumsum of dG.
 
 Supported as the gated delta rule's kernels (common/gpu/layout.py's `run_chunked`): any B, T, H;
-K and V up to 256 (a wider V as slices); bf16, f16 and f32; initial / final state and cu_seqlens.
+K up to 256 and any V (more value tiles in the same kernels); bf16, f16 and f32; initial / final
+state and cu_seqlens.
 `fused_recurrent_kda` is common/gpu/fused_recurrent.py's decode kernel with the per-channel gate.
 """
 from __future__ import annotations
@@ -57,8 +58,8 @@ from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, lower_mask, precision,
-                                                   scale_rows)
+                                                   dot_tn, iota, lower_mask, over_value_tiles,
+                                                   precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_u
 from pallas_kernels.kda import reference
@@ -199,10 +200,9 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du
   Tc, beta = t_ref[...], b_ref[...]
   dt = Tc.dtype
   prec = precision(dt)
-  dP = jnp.zeros((C, C), F32)
-  for j in range(v_ref.shape[1] // bv):
-    vs = pl.ds(j * bv, bv)
-    dP += dot_nt(do_ref[:, vs], vn_ref[:, vs], prec)
+  dP = over_value_tiles(v_ref.shape[1], bv,
+                        lambda vs, dP: dP + dot_nt(do_ref[:, vs], vn_ref[:, vs], prec),
+                        jnp.zeros((C, C), F32))
   dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0).astype(dp_ref.dtype)
   dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
   ke = k_ref[...].astype(F32) * jnp.exp(g_ref[...])

@@ -28,10 +28,12 @@ def gates_scaled(gate_scale, gate_shift=2.0):
 STEEP, GENTLE = gates_scaled(10.0, 0.0), gates_scaled(0.01)
 
 # (case, T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V != K, both dtypes, H = 2
-# (each head its own gates), packed varlen with an empty sequence, steep gates in float32.
+# (each head its own gates), packed varlen with an empty sequence, steep gates in float32, and a V
+# above 256 (320, padded to 384: more value tiles in the same kernels).
 INTERPRET_CASES = [
     (KDA, 65, 2, 100, 48, "bfloat16", False),
     (STEEP, 150, 2, 16, 32, "float32", True),
+    (KDA, 70, 1, 16, 320, "float32", True),
 ]
 
 

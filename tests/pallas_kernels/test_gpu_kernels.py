@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
-from pallas_kernels.common.gpu import layout as gpu_layout
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -21,10 +20,14 @@ from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, LINEAR_ATTN as
 pytestmark = pytest.mark.slow
 
 # (T, H, K, V, dtype, varlen): odd T, K = 100 (padded to 128), V = 64, both dtypes, packed varlen,
-# H = 2 (each head its own gates: a kernel that reads another head's fails).
+# H = 2 (each head its own gates: a kernel that reads another head's fails); V above 256 (fla's 340M
+# GDN has V = 512), which runs as more value tiles in each kernel: V = 320 padded to 384 (whole-V
+# blocks of no power of two, the chunk kernels' tile loops as fori_loops), V = 512 bf16 varlen.
 INTERPRET_CASES = [
     (65, 2, 100, 64, "bfloat16", False),
     (150, 2, 16, 32, "float32", True),
+    (70, 1, 16, 320, "float32", False),
+    (100, 2, 32, 512, "bfloat16", True),
 ]
 
 
@@ -106,10 +109,18 @@ def test_kernels_lower_to_triton():
     assert harness.triton_kernel_count(f, *args) >= 1, name
 
 
-def test_wide_values_run_as_column_slices(monkeypatch):
-  """V above the kernels' limit runs as independent value slices (fla's 340M GDN has V = 512)."""
-  monkeypatch.setattr(gpu_layout, "MAX_DIM", 16)
-  harness.check_op(GDN, T=70, H=1, K=16, V=40, dtype="float32", backend="gpu", interpret=True)
+def test_wide_values_add_no_kernel_launches():
+  """V above 256 runs in one launch of each kernel (the V-independent work once, no split and
+  concatenation of value slices): fwd+bwd lowers for CUDA to as many Triton kernels at V = 512 and
+  V = 384 (padded to no power of two) as at V = 128, at the 475M model's K = 256."""
+  sd = lambda *shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt)
+  loss = lambda *a: jnp.sum(GDN.chunk(*a, backend="gpu")[0].astype(jnp.float32))
+  grad = lambda *a: jax.grad(loss, argnums=tuple(range(5)))(*a)
+  B, T, H, K = 1, 128, 2, 256
+  counts = {V: harness.triton_kernel_count(grad, sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V),
+                                           sd(B, T, H, dt=jnp.float32), sd(B, T, H, dt=jnp.float32))
+            for V in (128, 384, 512)}
+  assert counts[384] == counts[512] == counts[128], counts
 
 
 def test_unsupported_shapes_fall_back_or_raise():

@@ -13,9 +13,10 @@ Modules:
 - `layout`          host-side plumbing: compiler params and `launch`, power-of-two padding, the
                     head-major gate layout [B, H, T], chunk-local cumsums, the BlockSpec factory
                     `Specs`, the limits (`unsupported`) and the input prologue `run_chunked`
-                    (padding, varlen re-packing, wide-V slices);
+                    (padding, varlen re-packing);
 - `kernel_math`     in-kernel math: 2-D dots with a float32 accumulator, causal masks and decays,
-                    row scaling, the 16 x 16-block unit-lower inverse;
+                    row scaling, the value-tile loop of the chunk kernels, the 16 x 16-block
+                    unit-lower inverse;
 Stages:
 - `chunk_state`     forward state pass: chunk-start states h or the output o and the final state;
 - `chunk_dh`        reverse state-gradient pass: dh per chunk, dv', d initial_state;

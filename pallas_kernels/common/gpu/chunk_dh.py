@@ -21,7 +21,7 @@ from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, precision, scale_rows, state_at_flag,
                                                    store_at_flag)
-from pallas_kernels.common.gpu.layout import Specs, launch, sds
+from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
 def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
@@ -80,7 +80,7 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   (input dtype) and d initial_state (float32)."""
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
-  BV = min(st.cfg.bv_state, V)
+  BV = value_tile(V, st.cfg.bv_state)
   delta = w is not None
   per_channel = G.ndim == 4
   if per_channel and scores is None:

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.kernel_math import (F32, at_last, decay, dot, dot_nt, dot_tn,
-                                                   precision, scale_rows)
+                                                   over_value_tiles, precision, scale_rows)
 from pallas_kernels.common.gpu.layout import launch, sds
 
 
@@ -37,11 +37,9 @@ def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *
   dt = qt.dtype
   prec = precision(dt)
   BK, V = h_ref.shape
-  dP = jnp.zeros((C, C), F32)
-  dq1 = dks = dw = jnp.zeros((C, BK), F32)
-  hdh = jnp.zeros((BK,) if per_channel else (), F32)
-  for j in range(V // bv):
-    vs = pl.ds(j * bv, bv)
+
+  def value_tile(vs, acc):  # the sums over V; everything after them is done once per program
+    dP, dq1, dks, dw, hdh = acc
     h, dh, do, vn, dvn = (r[:, vs] for r in (h_ref, dh_ref, do_ref, vn_ref, dvn_ref))
     if not per_channel:
       dP += dot_nt(do, vn, prec)
@@ -50,6 +48,12 @@ def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *
     if delta:
       dw += dot_nt(dvn, h, prec)
     hdh += jnp.sum(h.astype(F32) * dh.astype(F32), axis=1 if per_channel else None)
+    return dP, dq1, dks, dw, hdh
+
+  tiles = jnp.zeros((C, BK), F32)
+  dP, dq1, dks, dw, hdh = over_value_tiles(
+      V, bv, value_tile,
+      (jnp.zeros((C, C), F32), tiles, tiles, tiles, jnp.zeros((BK,) if per_channel else (), F32)))
   if per_channel:
     dq = dq1 * (jnp.exp(G) * scale)
     dk = dks * jnp.exp(g_last[None, :] - G)

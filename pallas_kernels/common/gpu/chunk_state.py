@@ -27,7 +27,7 @@ from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, precision, scale_rows, state_at_flag,
                                                    store_at_flag)
-from pallas_kernels.common.gpu.layout import Specs, launch, sds
+from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
 def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores):
@@ -108,7 +108,7 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
   """
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
-  BV = min(st.cfg.bv_state, V)
+  BV = value_tile(V, st.cfg.bv_state)
   delta = w is not None
   per_channel = G.ndim == 4
   given_scores = want_o and per_channel

@@ -74,6 +74,24 @@ def chunk_gates(g_ref, t0, C):
   return g_ref[pl.ds(t0, C), :], g_ref[t0 + C - 1, :]
 
 
+UNROLLED_COLUMNS = 256  # value columns up to which a chunk kernel's value-tile loop is unrolled
+
+
+def over_value_tiles(V: int, bv: int, body, carry=()):
+  """carry = body(cols, carry) for the value tiles cols = pl.ds(j bv, bv) of V columns (bv divides
+  V), in order: unrolled up to UNROLLED_COLUMNS (V <= 256: the kernels' code as tuned), beyond it a
+  `fori_loop` (one copy of the tile code, so a wide V, which runs in the same program to compute
+  its V-independent work once, costs no more registers or compile time than V = 256)."""
+  if V % bv:
+    raise ValueError(f"value tile {bv} does not divide V={V}")
+  if V <= UNROLLED_COLUMNS:
+    for j in range(V // bv):
+      carry = body(pl.ds(j * bv, bv), carry)
+    return carry
+  return lax.fori_loop(0, V // bv, lambda j, c: body(pl.ds(pl.multiple_of(j * bv, bv), bv), c),
+                       carry)
+
+
 def at_last(x, value):
   """Adds `value` to the last row of x: x [C] and a scalar, or x [C, D] and value [D]."""
   return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)

@@ -9,8 +9,11 @@ bodies that every family's chunked path shares.
   state pass, grid (V / BV, B*H): one program per value tile and head, looping over the NT chunks
   inside (`lax.fori_loop`) with the float32 state [K, BV] carried in registers; blocks span T;
 - `run_chunked`, the input prologue of every chunked op: the limits check (`unsupported`), padding
-  K and V to powers of two (per-channel gates with K) and T to whole chunks (or re-packing cu_seqlens chunk-aligned with
-  common.varlen), splitting V above MAX_DIM into independent slices, and undoing the padding.
+  K to a power of two (per-channel gates with K), V to a power of two or, above MAX_DIM, to whole
+  value tiles, and T to whole chunks (or re-packing cu_seqlens chunk-aligned with common.varlen),
+  and undoing the padding. Any V runs in one launch of each kernel: the state passes take its value
+  tiles on their grid, the chunk kernels loop over them, so the V-independent work (the WY
+  transform's inverse and w, the q/k side of the gradient kernels) is done once.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from pallas_kernels.common import varlen
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.kernel_math import F32
 
-MAX_DIM = 256   # largest head dim K (and V slice) the kernels hold in registers
+MAX_DIM = 256   # largest key head dim K the kernels hold in registers (and widest power-of-two V)
+WIDE_VALUE_TILE = 128  # a V above MAX_DIM is padded to a multiple of this (the widest value tile)
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
@@ -148,6 +152,24 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
   return None
 
 
+def padded_value_dim(V: int) -> int:
+  """The value dim the kernels run: a power of two up to MAX_DIM; above it a multiple of
+  WIDE_VALUE_TILE, which every value tile divides. Only loaded and stored tiles must be powers of
+  two: the chunk kernels' whole-V blocks are loops over tiles (`kernel_math.over_value_tiles`), and
+  the state passes' grid takes V / BV tiles."""
+  if V <= MAX_DIM:
+    return next_pow2(V)
+  return -(-V // WIDE_VALUE_TILE) * WIDE_VALUE_TILE
+
+
+def value_tile(V: int, bv: int) -> int:
+  """The value tile of a state pass's grid over V columns: bv, or V when narrower."""
+  bv = min(bv, V)
+  if V % bv:
+    raise ValueError(f"value tile {bv} does not divide V={V}")
+  return bv
+
+
 def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
                 interpret=False, config: Config = DEFAULT):
   """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
@@ -162,16 +184,9 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
   reason = unsupported(q, k, v, *gates[:1])
   if reason:
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
-  if v.shape[-1] > MAX_DIM:
-    # Value columns evolve independently (k and the gates are shared), so a wide V runs as slices.
-    kw = dict(scale=scale, cu_seqlens=cu_seqlens, interpret=interpret, config=config)
-    cuts = list(range(MAX_DIM, v.shape[-1], MAX_DIM))
-    outs = [run_chunked(core, q, k, v_i, gates, initial_state=h_i, **kw)
-            for v_i, h_i in zip(jnp.split(v, cuts, -1), jnp.split(initial_state, cuts, -1))]
-    return jnp.concatenate([o for o, _ in outs], -1), jnp.concatenate([s_ for _, s_ in outs], -1)
   B, T, H, K = q.shape
   V, dt, C = v.shape[-1], q.dtype, CHUNK
-  Kp, Vp = next_pow2(K), next_pow2(V)
+  Kp, Vp = next_pow2(K), padded_value_dim(V)
   k, v = k.astype(dt), v.astype(dt)
   # The barrier keeps XLA from constant-folding the chunk cumsum of a constant gate (none, or
   # retention's fixed decays): linear attention's fwd+bwd took 28 s to compile at B=8 T=8192 on
