@@ -61,7 +61,7 @@ unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, unrolled):
   """Everything in 16-row blocks: A's blocks, their inverse (T, stored for the backward), w and u."""
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
@@ -82,14 +82,15 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref):
     for q in range(n):
       t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else jnp.zeros((SUB, SUB), dt)
     w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-  write_u(Ts, bs, v_ref, u_ref)
+  write_u(Ts, bs, v_ref, u_ref, unrolled)
 
 
-def write_u(Ts, bs, v_ref, u_ref, bv: int = 128):
+def write_u(Ts, bs, v_ref, u_ref, unrolled: int, bv: int = 128):
   """u = T (beta v) in 16-row blocks (Ts[p][q] the inverse's blocks, input dtype; bs the rows'
-  beta) and value tiles of at most bv: at V = 256 (the context-parallel call carries the K x K
-  transition as K extra value columns) one tile spilled 861 KiB a thread at the forward WY kernel's
-  2 warps and took ptxas 39 s. KDA's forward WY kernel shares it."""
+  beta) and value tiles of at most bv (their loop unrolled up to `unrolled` columns): at V = 256
+  (the context-parallel call carries the K x K transition as K extra value columns) one tile
+  spilled 861 KiB a thread at the forward WY kernel's 2 warps and took ptxas 39 s. KDA's forward
+  WY kernel shares it."""
   dt = Ts[0][0].dtype
   prec = precision(dt)
   rows = [pl.ds(p * SUB, SUB) for p in range(len(Ts))]
@@ -101,7 +102,7 @@ def write_u(Ts, bs, v_ref, u_ref, bv: int = 128):
       u_ref[r, vs] = sum(dot(Ts[p][q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
     return carry
 
-  over_value_tiles(V, math.gcd(V, bv), value_tile)
+  over_value_tiles(V, math.gcd(V, bv), unrolled, value_tile)
 
 
 def _wy_fwd(k, v, G, beta, st: Static):
@@ -109,7 +110,8 @@ def _wy_fwd(k, v, G, beta, st: Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  return launch(_wy_fwd_kernel, (sp.NT, B * H),
+  kern = functools.partial(_wy_fwd_kernel, unrolled=st.cfg.unrolled_value_columns)
+  return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
                [sds(k.shape, k.dtype), sds(v.shape, k.dtype), sds((B, T, H, CHUNK), k.dtype)], st,
@@ -118,7 +120,7 @@ def _wy_fwd(k, v, G, beta, st: Static):
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------
 
-def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv):
+def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv, unrolled):
   """Back through u = T (beta v) in value tiles of bv (T the chunk's inverse, input dtype): writes
   dv = beta T^T du and returns T's gradient du (beta v)^T and beta's, sum_v (T^T du) v (float32).
   KDA's WY backward shares it."""
@@ -134,18 +136,18 @@ def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv):
     dbeta = dbeta + jnp.sum(dvb * v.astype(F32), axis=1)
     return dT + dot_nt(du, scale_rows(v, beta, dt), prec), dbeta
 
-  return over_value_tiles(v_ref.shape[1], bv, value_tile,
+  return over_value_tiles(v_ref.shape[1], bv, unrolled, value_tile,
                           (jnp.zeros((C, C), F32), jnp.zeros((C,), F32)))
 
 
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
-                   dk_ref, dv_ref, db_ref, dg_ref, *, bv):
+                   dk_ref, dv_ref, db_ref, dg_ref, *, bv, unrolled):
   """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype)."""
   C = CHUNK
   k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
   dt = k.dtype
   prec = precision(dt)
-  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv, unrolled)
   dw = dw_ref[...]
   be = beta * jnp.exp(G)
   kb = scale_rows(k, be)
@@ -170,7 +172,8 @@ def _bwd_wy(k, v, G, beta, Tinv, dw, du, dk1, dG1, st: Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_bwd_wy_kernel, bv=min(st.cfg.bv_chunk, V))
+  kern = functools.partial(_bwd_wy_kernel, bv=min(st.cfg.bv_chunk, V),
+                           unrolled=st.cfg.unrolled_value_columns)
   return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate(), sp.chunk_tok(CHUNK),
                 sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(K), sp.chunk_gate()],

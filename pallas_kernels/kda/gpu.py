@@ -156,7 +156,7 @@ def _scores_fwd(q, k, G, beta, st: Static):
 
 # --- 2. the WY/UT transform -----------------------------------------------------------------------
 
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref):
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref, *, unrolled):
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
   dt = k_ref.dtype
@@ -172,7 +172,7 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref):
     for q in range(n):
       t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else zero
     w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-  write_u(Ts, bs, v_ref, u_ref)
+  write_u(Ts, bs, v_ref, u_ref, unrolled)
 
 
 def _wy_fwd(k, v, G, beta, A, st: Static):
@@ -181,7 +181,8 @@ def _wy_fwd(k, v, G, beta, A, st: Static):
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   rows = sp.chunk_tok(CHUNK)
-  return launch(_wy_fwd_kernel, (sp.NT, B * H),
+  kern = functools.partial(_wy_fwd_kernel, unrolled=st.cfg.unrolled_value_columns)
+  return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(K), sp.chunk_gate(), rows],
                [sp.chunk_tok(K), sp.chunk_tok(V), rows],
                [sds(k.shape, k.dtype), sds(v.shape, k.dtype), sds((B, T, H, CHUNK), k.dtype)], st,
@@ -191,7 +192,7 @@ def _wy_fwd(k, v, G, beta, A, st: Static):
 # --- 7a. back through the WY/UT transform ---------------------------------------------------------
 
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du_ref, dk1_ref,
-                   dg1_ref, dv_ref, db_ref, dk_ref, dg_ref, da_ref, dp_ref, *, scale, bv):
+                   dg1_ref, dv_ref, db_ref, dk_ref, dg_ref, da_ref, dp_ref, *, scale, bv, unrolled):
   """w = T kb with kb = beta exp(G) k, u = T (beta v), T = (I + A)^-1 (the forward's, input
   dtype): dv, dbeta's and dk's and dG's parts through w and u (added to the state parts dk1, dg1,
   whose buffers the outputs reuse), and the score gradients for 7b in the input dtype (7b's dot
@@ -200,11 +201,11 @@ def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, do_ref, vn_ref, dw_ref, du
   Tc, beta = t_ref[...], b_ref[...]
   dt = Tc.dtype
   prec = precision(dt)
-  dP = over_value_tiles(v_ref.shape[1], bv,
+  dP = over_value_tiles(v_ref.shape[1], bv, unrolled,
                         lambda vs, dP: dP + dot_nt(do_ref[:, vs], vn_ref[:, vs], prec),
                         jnp.zeros((C, C), F32))
   dp_ref[...] = jnp.where(lower_mask(C), dP * scale, 0.0).astype(dp_ref.dtype)
-  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv)
+  dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv, unrolled)
   ke = k_ref[...].astype(F32) * jnp.exp(g_ref[...])
   kb = ke * beta[:, None]
   dw = dw_ref[...]
@@ -224,7 +225,8 @@ def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_bwd_wy_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
+  kern = functools.partial(_bwd_wy_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V),
+                           unrolled=st.cfg.unrolled_value_columns)
   tok_k, tok_v, rows = sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)
   scores = sds((B, T, H, CHUNK), k.dtype)
   return launch(kern, (sp.NT, B * H),

@@ -25,7 +25,7 @@ from pallas_kernels.common.gpu.layout import launch, sds
 
 
 def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *out_refs, scale,
-                bv):
+                bv, unrolled):
   """One chunk and one key tile (qt, kt, h, dh and, per channel, G hold that tile of the key axis).
   Outputs dq, dk, dG and, with delta (four outputs), dw."""
   dq_ref, dk_ref, dg_ref = out_refs[:3]
@@ -52,7 +52,7 @@ def _dqk_kernel(qt_ref, kt_ref, g_ref, h_ref, dh_ref, do_ref, vn_ref, dvn_ref, *
 
   tiles = jnp.zeros((C, BK), F32)
   dP, dq1, dks, dw, hdh = over_value_tiles(
-      V, bv, value_tile,
+      V, bv, unrolled, value_tile,
       (jnp.zeros((C, C), F32), tiles, tiles, tiles, jnp.zeros((BK,) if per_channel else (), F32)))
   if per_channel:
     dq = dq1 * (jnp.exp(G) * scale)
@@ -93,7 +93,8 @@ def dqk_pass(q, k, G, h, dh, do, vn, dvn, st: Static, want_dw: bool):
   NK = K // BK
   C = CHUNK
   per_channel = G.ndim == 4
-  kern = functools.partial(_dqk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
+  kern = functools.partial(_dqk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V),
+                           unrolled=st.cfg.unrolled_value_columns)
   tok = lambda D, tile: pl.BlockSpec((None, C, None, D),
                                      lambda ik, n, bh: (bh // H, n, bh % H, ik if tile else 0))
   state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))

@@ -20,6 +20,8 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
+  unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
+                                     # V, a fori_loop above (kernel_math.over_value_tiles)
   warps_wy_channel: int = 4      # the per-channel-gate WY/UT kernels (kda/gpu.py): forward
   warps_wy_channel_bwd: int = 8  # and backward
   bk_scores: int = 32     # key tile of the per-channel score kernels (the gradient's grid axis)

@@ -1,8 +1,8 @@
 """In-kernel math of the Pallas GPU stage kernels (Triton lowering): functions of loaded values and
 refs, called inside kernel bodies. 2-D matmuls with a float32 accumulator, causal masks and decays,
-row scaling, the varlen state hand-overs of the state passes, and the unit-lower-triangular inverse
-of the delta rule's WY/UT transform (family-free linear algebra; the transform itself lives in
-pallas_kernels/gated_delta_rule/gpu.py).
+row scaling, the chunk kernels' loop over value tiles, the varlen state hand-overs of the state
+passes, and the unit-lower-triangular inverse of the delta rule's WY/UT transform (family-free
+linear algebra; the transform itself lives in pallas_kernels/gated_delta_rule/gpu.py).
 
 Triton's limits shape these helpers: dots are 2-D with every dim >= 16 (hence the 16 x 16 blocks of
 the inverse), and float32 x float32 dots run as tf32 unless the precision is HIGHEST (IEEE), which
@@ -74,17 +74,14 @@ def chunk_gates(g_ref, t0, C):
   return g_ref[pl.ds(t0, C), :], g_ref[t0 + C - 1, :]
 
 
-UNROLLED_COLUMNS = 256  # value columns up to which a chunk kernel's value-tile loop is unrolled
-
-
-def over_value_tiles(V: int, bv: int, body, carry=()):
+def over_value_tiles(V: int, bv: int, unrolled: int, body, carry=()):
   """carry = body(cols, carry) for the value tiles cols = pl.ds(j bv, bv) of V columns (bv divides
-  V), in order: unrolled up to UNROLLED_COLUMNS (V <= 256: the kernels' code as tuned), beyond it a
-  `fori_loop` (one copy of the tile code, so a wide V, which runs in the same program to compute
-  its V-independent work once, costs no more registers or compile time than V = 256)."""
+  V), in order: unrolled when V <= `unrolled` (Config.unrolled_value_columns), else a `fori_loop`
+  (one copy of the tile code, so a wide V, which runs in the same program to compute its
+  V-independent work once, costs no more registers or compile time than a narrow one)."""
   if V % bv:
     raise ValueError(f"value tile {bv} does not divide V={V}")
-  if V <= UNROLLED_COLUMNS:
+  if V <= unrolled:
     for j in range(V // bv):
       carry = body(pl.ds(j * bv, bv), carry)
     return carry
