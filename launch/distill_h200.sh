@@ -67,18 +67,10 @@ if [ -z "$teacher" ] && [ -z "${RUNLOCAL:-}" ]; then
   fi
 fi
 if [ -n "$teacher" ] && [ ! -f "$teacher" ]; then echo "teacher $teacher is not a file"; exit 2; fi
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
-python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
-
-logs=("$WORKDIR/study.log")
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; logs+=("$OUT/study.log"); fi
-start=$(date +%s)
 # shellcheck disable=SC2086  # STUDY_ARGS is a list of flags
-timeout -s TERM -k 30 "${T_LIMIT:-520}" python3 -m lineax_lm.distill.study --workdir "$WORKDIR" \
+run_limited "$WORKDIR/study.log" "${T_LIMIT:-520}" python3 -m lineax_lm.distill.study --workdir "$WORKDIR" \
   --teacher "$teacher" ${ONLY:+--only "$ONLY"} ${TOKENS:+--tokens "$TOKENS"} ${RUNLOCAL:+--runlocal} \
-  ${PARALLEL:+--parallel "$PARALLEL"} ${STUDY_ARGS:-} 2>&1 | tee -a "${logs[@]}" > /dev/null
-rc=${PIPESTATUS[0]}
-echo "study rc=$rc after $(( $(date +%s) - start )) s"
+  ${PARALLEL:+--parallel "$PARALLEL"} ${STUDY_ARGS:-}
 python3 - "$WORKDIR" <<'PY'
 import glob, json, os, sys
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.jsonl"))):

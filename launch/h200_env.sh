@@ -26,3 +26,19 @@ install_missing_wheels() {
   fi
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 }
+
+# run_limited LOG SECONDS COMMAND...: prints the GPU and the jax version, then runs COMMAND under
+# `timeout -s TERM -k 30 SECONDS` (SIGTERM: a trainer saves and stops; 30 s later it is killed),
+# its output appended to LOG (and to $OUT/<LOG's name> when OUT is set). Sets rc.
+run_limited() {
+  local log=$1 limit=$2 start
+  shift 2
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+  python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
+  local logs=("$log")
+  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; logs+=("$OUT/$(basename "$log")"); fi
+  start=$(date +%s)
+  timeout -s TERM -k 30 "$limit" "$@" 2>&1 | tee -a "${logs[@]}" > /dev/null
+  rc=${PIPESTATUS[0]}
+  echo "$(basename "$log" .log) rc=$rc after $(( $(date +%s) - start )) s"
+}

@@ -35,6 +35,7 @@ import ast
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -176,8 +177,8 @@ def train_cell(config, run_dir: str) -> dict:
 
 def run_cell(cell: dict, size, out: str) -> dict:
   """Trains and scores one cell unless its result.json exists; returns the result."""
-  cell_dir = os.path.join(out, "cells", cell["name"])
-  path = os.path.join(cell_dir, "result.json")
+  path = result_path(out, cell)
+  cell_dir = os.path.dirname(path)
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)
@@ -299,9 +300,13 @@ def write_plots(results: list[dict], out: str) -> None:
 
 # ----------------------------------------------------------------------------- the grid
 def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = None, overrides=(),
-             progress: bool = True, accelerator: bool | None = None) -> list[dict]:
+             progress: bool = True, accelerator: bool | None = None, parallel: int = 1,
+             argv: list[str] | None = None) -> list[dict]:
   """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
-  `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data)."""
+  `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data).
+  `parallel` > 1: each unfinished cell in a process of its own (`--only <cell>`, the rest of the
+  command line `argv` unchanged), that many at a time (`lineax_lm.jobs`); its log in
+  `cells/<cell>/cell.log`."""
   from tqdm import tqdm
   size = sizes_lib.get_size(size_name)
   os.makedirs(out, exist_ok=True)
@@ -316,6 +321,9 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),
                     [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())
                      for c in cells])
+  if parallel > 1:
+    run_cells_in_processes([c for c in cells if not os.path.exists(result_path(out, c))], out,
+                           corpus, parallel, argv)
   bar = tqdm(cells, unit="cell", disable=not progress, dynamic_ncols=True)
   for cell in bar:
     bar.set_description(cell["name"])
@@ -326,6 +334,33 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   results = load_results(out)
   write_outputs(results, out)
   return results
+
+
+def result_path(out: str, cell: dict) -> str:
+  return os.path.join(out, "cells", cell["name"], "result.json")
+
+
+def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: int,
+                           argv: list[str] | None) -> None:
+  """`cells`, each by `python -m lineax_lm.experiments.grid --only <cell>` in its own process, at
+  most `parallel` at a time. A signal stops them (they save) and raises trainer.Interrupted."""
+  from lineax_lm import jobs
+  from lineax_lm.train.trainer import Interrupted
+  base = [sys.executable, "-m", "lineax_lm.experiments.grid"] + jobs.without_flags(
+      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--corpus"))
+  base += ["--corpus", corpus]              # the one the parent resolved (or made, for `tiny`)
+  commands = {}
+  for c in cells:
+    os.makedirs(os.path.dirname(result_path(out, c)), exist_ok=True)
+    commands[c["name"]] = base + ["--only", c["mixer"] if c["mixer"] == "transformer"
+                                  else f"{c['mixer']}:{c['ratio']}"]
+  try:
+    failed = jobs.run_parallel(commands, parallel,
+                               lambda name: os.path.join(out, "cells", name, "cell.log"))
+  except jobs.Stopped as e:
+    raise Interrupted({"stopped_by": signal.Signals(e.signum).name}, out) from None
+  if failed:
+    raise RuntimeError(f"cells {failed} failed: see cells/<cell>/cell.log under {out}")
 
 
 def main(argv=None) -> int:
@@ -339,6 +374,8 @@ def main(argv=None) -> int:
                  "hgrn:pure,transformer; a bare mixer runs all its ratios)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                  help="a field of every cell's training config, e.g. train.tokens=2e6")
+  p.add_argument("--parallel", type=int, default=1, help="cells at a time, each in its own process "
+                 "(they share the accelerator: a small cell is mostly compilation on the host)")
   p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
   p.add_argument("--tables", action="store_true", help="only rewrite the tables and plots from the "
                  "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
@@ -354,7 +391,8 @@ def main(argv=None) -> int:
     return 0
   from lineax_lm.train.trainer import Interrupted
   try:
-    run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides)
+    run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides,
+             parallel=a.parallel, argv=argv)
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)
     return 1

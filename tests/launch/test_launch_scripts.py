@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh", "h200_env.sh"]
+SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh", "hybrid_study_h200.sh", "h200_env.sh"]
 
 
 def run(script, *args, **env):

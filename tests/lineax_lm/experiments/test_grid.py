@@ -1,4 +1,4 @@
-"""The grid command: a 2-cell tiny grid trains, scores and writes its tables; a rerun skips the
+"""The grid command: a 2-cell tiny grid trains (a process a cell), scores and writes its tables; a rerun skips the
 finished cells (their result.json), an unfinished cell resumes from its checkpoint, and a signal
 stops the grid with trainer.Interrupted before the cell's result is written."""
 import json
@@ -13,8 +13,12 @@ from lineax_lm.train import trainer
 @pytest.mark.slow
 def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   out = str(tmp_path / "g")
-  results = grid.run_grid("tiny", out, progress=False, accelerator=False)
+  # The command line, both cells at once: each in a process of its own, its log in its folder.
+  assert grid.main(["--size", "tiny", "--out", out, "--parallel", "2"]) == 0
+  results = grid.load_results(out)
   assert [r["name"] for r in results] == ["gated_deltanet_3-1", "transformer"]
+  for r in results:
+    assert f"{r['name']}: 100%" in open(os.path.join(out, "cells", r["name"], "cell.log")).read()
   for r in results:
     assert r["steps"] == 6 and r["heldout_bits_per_byte"] > 0 and 0 <= r["mqar_mean"] <= 1
     assert r["ruler_mean"] is not None and {row["task"] for row in r["ruler"]} == {"niah_single", "fwe"}

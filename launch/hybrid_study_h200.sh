@@ -1,0 +1,47 @@
+#!/bin/bash
+# The hybrid-ratio study's grid on one H200 (docs/hybrid_study.md): every mixer x ratio cell plus
+# the Transformer (lineax_lm.experiments.grid), on the corpus the repository ships, PARALLEL cells at
+# a time on the one GPU (a small cell is mostly compilation on the host's CPUs).
+#
+#   bash launch/hybrid_study_h200.sh                   # rerun until it prints "grid complete"
+#   ONLY=gla,transformer PARALLEL=4 bash launch/hybrid_study_h200.sh
+#
+# Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
+# .whl/ with the wheels of what it lacks, launch/h200_env.sh).
+# Env (defaults in brackets):
+#   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
+#   PARALLEL [8] cells at a time   T_LIMIT [540] seconds before SIGTERM (the running cells save;
+#   30 s later they are killed)   RESULTS_IN [unset] a results archive of an earlier call (below),
+#   unpacked into GRID_DIR first, for a fresh machine   GRID_ARGS [] more grid flags (--set ...)
+# Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
+# (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
+# set: the log, tables.md, the plots and grid_results.tgz (every finished cell's result.json and
+# metrics, the tables; give it back as RESULTS_IN on a fresh machine).
+set -u
+GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_small}
+case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
+mkdir -p "$GRID_DIR"
+export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
+if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
+  tar xzf "$RESULTS_IN" -C "$GRID_DIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
+fi
+source "$(dirname "$0")/h200_env.sh"
+install_missing_wheels || exit 2
+# shellcheck disable=SC2086  # GRID_ARGS is a list of flags
+run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \
+  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} --parallel "${PARALLEL:-8}" ${GRID_ARGS:-}
+if [ -n "${OUT:-}" ]; then
+  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md results.md \
+    results.csv results.json ./*.png ./cells/*/result.json ./cells/*/cell.log \
+    ./cells/*/run/metrics.jsonl 2>/dev/null)
+  cp "$GRID_DIR"/tables.md "$GRID_DIR"/*.png "$OUT"/ 2>/dev/null
+fi
+finished=$(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)
+echo "cells finished: $finished"
+if [ "$rc" -eq 0 ]; then
+  cat "$GRID_DIR/tables.md"; [ -z "${ONLY:-}" ] && echo "grid complete"
+else
+  grep -E "Interrupted|Error|stopped" "$GRID_DIR/grid.log" | tail -n 8
+  echo "not finished (rc=$rc): rerun the same command to resume"
+fi
+exit "$rc"
