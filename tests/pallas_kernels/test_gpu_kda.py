@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.common.gpu.config import Config
 from pallas_kernels.kda import gpu as kda_gpu
 from tests.pallas_kernels import harness
 from tests.pallas_kernels.cases import KDA, kda_inputs
@@ -42,6 +43,14 @@ INTERPRET_CASES = [
 def test_chunk_interpret(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu", interpret=True,
                    varlen=varlen)
+
+
+def test_state_in_key_blocks_interpret(monkeypatch):
+  """The per-channel state passes with their state as blocks of 16 key rows (Config.bk_state), each
+  decayed by its own rows' gates; K = 48 padded to 64: four blocks."""
+  monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config", Config(bk_state=16))
+  harness.check_op(STEEP, T=100, H=2, K=48, V=32, dtype="float32", backend="gpu", interpret=True,
+                   varlen=True)
 
 
 def test_fused_recurrent_interpret():

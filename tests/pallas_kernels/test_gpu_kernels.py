@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
+from pallas_kernels.common.gpu.config import Config
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -107,6 +108,21 @@ def test_kernels_lower_to_triton():
   }
   for name, (f, args) in ops.items():
     assert harness.triton_kernel_count(f, *args) >= 1, name
+
+
+# (case, the op's gpu function, T, K, dtype, varlen): the state passes with their state held as
+# blocks of 16 key rows (Config.bk_state; fla's layout at K = 256 is four [64, BV] blocks): K = 40
+# padded to 64, four blocks, with and without the delta correction, varlen hand-overs per block.
+KEY_BLOCK_CASES = [
+    (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, "float32", True),
+    (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, "bfloat16", False),
+]
+
+
+@pytest.mark.parametrize("case,fn,T,K,dtype,varlen", KEY_BLOCK_CASES, ids=lambda x: getattr(x, "name", None))
+def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varlen):
+  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16))
+  harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 
 
 def test_wide_values_add_no_kernel_launches():

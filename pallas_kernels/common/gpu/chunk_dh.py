@@ -1,5 +1,6 @@
 """The reverse state-gradient pass (like fla's chunk_bwd_dh / chunk_gated_delta_rule_bwd_dhu): grid
-(V / BV, B*H), the chunks in reverse in a `lax.fori_loop`, the float32 dS [K, BV] in registers.
+(V / BV, B*H), the chunks in reverse in a `lax.fori_loop`, the float32 dS [K, BV] in registers (as
+blocks of Config.bk_state key rows, as in chunk_state.py).
 
   dh_c = dS (the state gradient at the chunk's end, stored for the dq/dk kernel)
   dv'  = P^T do + exp(G_C - G) k dS
@@ -19,12 +20,13 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
-                                                   dot_tn, precision, scale_rows, state_at_flag,
-                                                   store_at_flag)
+                                                   dot_tn, key_blocks, precision, scale_rows,
+                                                   state_at_flag, store_at_flag, total)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
-def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
+def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores, bk):
+  """Reverse chunk loop, dS a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
   refs = list(refs)
   q_ref, k_ref = refs[:2]
   w_ref = refs.pop(2) if delta else None
@@ -38,39 +40,51 @@ def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores):
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
+  K, BV = dht_ref.shape[-2:]
+  rows = key_blocks(K, bk)
 
   def body(i, dS):
     c = NT - 1 - i
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     if is_varlen:
-      dS = state_at_flag(ends_ref, c, dht_ref, dS)
-    dh_ref[c] = dS.astype(dh_ref.dtype)
-    q, k, do = q_ref[sl, :], k_ref[sl, :], do_ref[sl, :]
+      dS = state_at_flag(ends_ref, c, dht_ref, dS, rows)
+    for r, s in zip(rows, dS):
+      dh_ref[c, r, :] = s.astype(dh_ref.dtype)
+    qs, ks, do = [q_ref[sl, r] for r in rows], [k_ref[sl, r] for r in rows], do_ref[sl, :]
     if given_scores:  # q, k gated
-      g_last = g_ref[t0 + C - 1, :]
-      dvn = dot_tn(p_ref[sl, :], do, prec) + dot(k, dS.astype(dt), prec)
+      g_last = [g_ref[t0 + C - 1, r] for r in rows]
+      dvn = dot_tn(p_ref[sl, :], do, prec) + total([dot(k, s.astype(dt), prec)
+                                                    for k, s in zip(ks, dS)])
     else:
       G, g_last = chunk_gates(g_ref, t0, C)
-      P = dot_nt(q, k, prec) * (decay(G) * scale)
+      P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
       dvn = (dot_tn(P.astype(dt), do, prec)
-             + dot(scale_rows(k, jnp.exp(g_last - G), dt), dS.astype(dt), prec))
+             + total([dot(scale_rows(k, jnp.exp(g_last - G), dt), s.astype(dt), prec)
+                      for k, s in zip(ks, dS)]))
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
+    if len(rows) > 1:  # loaded again for the update, not held live through the step's other dots
+      qs = [q_ref[sl, r] for r in rows]
     if given_scores:
-      dS = decay_state(dS, g_last) + dot_tn(q, do, prec)
+      dS = [decay_state(s, gl) + dot_tn(q, do, prec) for s, gl, q in zip(dS, g_last, qs)]
     else:
-      dS = dS * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
+      dS = [s * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
+            for s, q in zip(dS, qs)]
     if delta:
-      dS -= dot_tn(w_ref[sl, :], dvn_c, prec)
+      dS = [s - dot_tn(w_ref[sl, r], dvn_c, prec) for s, r in zip(dS, rows)]
     if is_varlen:
-      store_at_flag(starts_ref, c, dh0_ref, dS)
+      store_at_flag(starts_ref, c, dh0_ref, dS, rows)
     return dS
 
-  dS0 = jnp.zeros(dht_ref.shape[-2:], F32) if is_varlen else dht_ref[...].astype(F32)
+  if is_varlen:
+    dS0 = [jnp.zeros((r.size, BV), F32) for r in rows]
+  else:
+    dS0 = [dht_ref[r, :].astype(F32) for r in rows]
   dS = lax.fori_loop(0, NT, body, dS0)
   if not is_varlen:
-    dh0_ref[...] = dS
+    for r, s in zip(rows, dS):
+      dh0_ref[r, :] = s
 
 
 def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
@@ -98,7 +112,7 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           delta=delta, given_scores=per_channel)
+                           delta=delta, given_scores=per_channel, bk=st.cfg.bk_state)
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],

@@ -1,5 +1,6 @@
 """The forward chunk state pass (like fla's chunk_h / chunk_delta_h with chunk_o fused in): grid
-(V / BV, B*H), the chunks in a `lax.fori_loop`, the float32 state [K, BV] in registers.
+(V / BV, B*H), the chunks in a `lax.fori_loop`, the float32 state [K, BV] in registers (as blocks of
+Config.bk_state key rows, every product over K split alike).
 
   v' = u - w S  (delta rule only; else v' = u = v)
   o  = scale exp(G) q S + P v',  P = lower(scale q k^T exp(G_i - G_j))
@@ -25,15 +26,16 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
-                                                   dot_tn, precision, scale_rows, state_at_flag,
-                                                   store_at_flag)
+                                                   dot_tn, key_blocks, precision, scale_rows,
+                                                   state_at_flag, store_at_flag, total)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
-def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores):
+def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores, bk):
   """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and
   (delta) v'. Without delta there is no w and v' = u = v. Per-channel gates (g_ref [T, K]): q and k
-  arrive gated and P (given_scores, with want_o) is read, not computed."""
+  arrive gated and P (given_scores, with want_o) is read, not computed. The state is a list of
+  [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
   refs = list(refs)
   q_ref = refs.pop(0) if want_o else None
   k_ref = refs.pop(0)
@@ -52,47 +54,60 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores):
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
+  K, BV = h0_ref.shape[-2:]
+  rows = key_blocks(K, bk)
 
   def body(c, S):
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     if is_varlen:
-      S = state_at_flag(starts_ref, c, h0_ref, S)
+      S = state_at_flag(starts_ref, c, h0_ref, S, rows)
     if not want_o:
-      h_ref[c] = S.astype(h_ref.dtype)
+      for r, s in zip(rows, S):
+        h_ref[c, r, :] = s.astype(h_ref.dtype)
     per_channel = len(g_ref.shape) == 2
     if per_channel:
-      g_last = g_ref[t0 + C - 1, :]
+      g_last = [g_ref[t0 + C - 1, r] for r in rows]
     else:
       G, g_last = chunk_gates(g_ref, t0, C)
-    k = k_ref[sl, :]
+    ks = [k_ref[sl, r] for r in rows]
     if delta:
-      vn_c = (u_ref[sl, :].astype(F32) - dot(w_ref[sl, :], S.astype(dt), prec)).astype(dt)
+      vn_c = (u_ref[sl, :].astype(F32)
+              - total([dot(w_ref[sl, r], s.astype(dt), prec) for r, s in zip(rows, S)])).astype(dt)
     else:
       vn_c = u_ref[sl, :]
     if want_o and per_channel:
-      o = dot(q_ref[sl, :], S.astype(dt), prec) + dot(p_ref[sl, :], vn_c, prec)
+      qS = total([dot(q_ref[sl, r], s.astype(dt), prec) for r, s in zip(rows, S)])
+      o = qS + dot(p_ref[sl, :], vn_c, prec)
       o_ref[sl, :] = o.astype(o_ref.dtype)
     elif want_o:
-      q = q_ref[sl, :]
-      P = dot_nt(q, k, prec) * (decay(G) * scale)
-      o = (dot(scale_rows(q, jnp.exp(G) * scale, dt), S.astype(dt), prec)
-           + dot(P.astype(dt), vn_c, prec))
+      qs = [q_ref[sl, r] for r in rows]
+      P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+      qS = total([dot(scale_rows(q, jnp.exp(G) * scale, dt), s.astype(dt), prec)
+                  for q, s in zip(qs, S)])
+      o = qS + dot(P.astype(dt), vn_c, prec)
       o_ref[sl, :] = o.astype(o_ref.dtype)
     elif delta:
       vn_ref[sl, :] = vn_c
+    if len(rows) > 1:  # loaded again for the update, not held live through the step's other dots
+      ks = [k_ref[sl, r] for r in rows]
     if per_channel:
-      S = decay_state(S, g_last) + dot_tn(k, vn_c, prec)
+      S = [decay_state(s, gl) + dot_tn(k, vn_c, prec) for s, gl, k in zip(S, g_last, ks)]
     else:
-      S = S * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
+      S = [s * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
+           for s, k in zip(S, ks)]
     if is_varlen and want_o:
-      store_at_flag(ends_ref, c, fin_ref, S)
+      store_at_flag(ends_ref, c, fin_ref, S, rows)
     return S
 
-  S0 = jnp.zeros(h0_ref.shape[-2:], F32) if is_varlen else h0_ref[...].astype(F32)
+  if is_varlen:
+    S0 = [jnp.zeros((r.size, BV), F32) for r in rows]
+  else:
+    S0 = [h0_ref[r, :].astype(F32) for r in rows]
   S = lax.fori_loop(0, NT, body, S0)
   if want_o and not is_varlen:
-    fin_ref[...] = S
+    for r, s in zip(rows, S):
+      fin_ref[r, :] = s
 
 
 def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores=None):
@@ -116,7 +131,8 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           want_o=want_o, delta=delta, given_scores=given_scores)
+                           want_o=want_o, delta=delta, given_scores=given_scores,
+                           bk=st.cfg.bk_state)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
   args = keys + [u, G] + ([scores] if given_scores else []) + [h0]

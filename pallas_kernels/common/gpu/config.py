@@ -11,6 +11,9 @@ class Config(NamedTuple):
   """Tile sizes and launch parameters (benchmarks/ops.py times variants). The `*_wy*` fields are
   read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py, kda/gpu.py)."""
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
+  bk_state: int = 256     # the state passes hold their state as blocks of this many key rows and
+                          # split each product over K alike (fla at K = 256: four [64, BV] blocks;
+                          # 256 is one block, the kernels as tuned)
   warps_state: int = 4
   stages_state: int = 2
   warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:

@@ -10,6 +10,9 @@ the float32-input paths ask for through `precision`.
 """
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -94,21 +97,40 @@ def at_last(x, value):
   return x + jnp.where(iota(x.shape, 0) == x.shape[0] - 1, value, 0.0)
 
 
-def state_at_flag(flags_ref, c, states_ref, S):
-  """The state of sequence flags_ref[c] from states_ref [N, ...] (float32) when chunk c's varlen
-  flag is set (>= 0), else S: a state pass entering a new sequence at chunk c."""
-  i = flags_ref[c]
-  return lax.cond(i >= 0, lambda: states_ref[jnp.maximum(i, 0)].astype(F32), lambda: S)
+def key_blocks(K: int, bk: int):
+  """The row slices of a state [K, BV] held as blocks of bk key rows (one block when K <= bk): the
+  state passes keep a list of [bk, BV] blocks and split every product over K the same way, so no
+  operand wider than bk keys is formed."""
+  bk = min(bk, K)
+  if K % bk:
+    raise ValueError(f"key block {bk} does not divide K={K}")
+  return [pl.ds(i * bk, bk) for i in range(K // bk)]
 
 
-def store_at_flag(flags_ref, c, states_ref, S):
-  """states_ref[flags_ref[c]] = S when chunk c's varlen flag is set (>= 0): a state pass leaving a
+def total(parts):
+  """The sum of a product's per-key-block parts (one part: that part itself)."""
+  return functools.reduce(operator.add, parts)
+
+
+def state_at_flag(flags_ref, c, states_ref, S, rows):
+  """The state of sequence flags_ref[c] from states_ref [N, K, BV] (float32), as the key blocks
+  `rows` of S, when chunk c's varlen flag is set (>= 0), else S: a state pass entering a new
   sequence at chunk c."""
+  i = flags_ref[c]
+  return lax.cond(i >= 0,
+                  lambda: [states_ref[jnp.maximum(i, 0), r, :].astype(F32) for r in rows],
+                  lambda: S)
+
+
+def store_at_flag(flags_ref, c, states_ref, S, rows):
+  """states_ref[flags_ref[c]] = S (its key blocks `rows`) when chunk c's varlen flag is set (>= 0):
+  a state pass leaving a sequence at chunk c."""
   i = flags_ref[c]
 
   @pl.when(i >= 0)
   def _():
-    states_ref[jnp.maximum(i, 0)] = S
+    for r, s in zip(rows, S):
+      states_ref[jnp.maximum(i, 0), r, :] = s
 
 
 def unit_lower_inverse_product(D):
