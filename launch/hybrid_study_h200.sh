@@ -10,9 +10,10 @@
 # .whl/ with the wheels of what it lacks, launch/h200_env.sh).
 # Env (defaults in brackets):
 #   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
-#   PARALLEL [8] cells at a time   T_LIMIT [540] seconds before SIGTERM (the running cells save;
-#   30 s later they are killed)   RESULTS_IN [unset] a results archive of an earlier call (below),
-#   unpacked into GRID_DIR first, for a fresh machine   GRID_ARGS [] more grid flags (--set ...)
+#   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
+#   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] a results archive of
+#   an earlier call (below), unpacked into GRID_DIR first, for a fresh machine   GRID_ARGS [] more
+#   grid flags (--set ...)
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
 # set: the log, tables.md, the plots and grid_results.tgz (every finished cell's result.json and
@@ -29,7 +30,7 @@ source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
 # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
 run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \
-  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} --parallel "${PARALLEL:-8}" ${GRID_ARGS:-}
+  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
 if [ -n "${OUT:-}" ]; then
   (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md results.md \
     results.csv results.json ./*.png ./cells/*/result.json ./cells/*/cell.log \

@@ -184,8 +184,13 @@ def run_cell(cell: dict, size, out: str) -> dict:
       return json.load(f)
   os.makedirs(cell_dir, exist_ok=True)
   start = time.time()
-  summary = train_cell(cell["config"], os.path.join(cell_dir, "run"))
+  run_dir = os.path.join(cell_dir, "run")
+  summary = train_cell(cell["config"], run_dir)
   train_seconds = round(time.time() - start, 1)
+  if summary.get("loss") is None:  # trained to the end before (stopped while scored): its log has it
+    from lineax_lm.train.metrics import read_rows
+    logged = [r for r in read_rows(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+    summary = dict(logged[-1] if logged else {}, **{k: v for k, v in summary.items() if v is not None})
   result = {k: cell[k] for k in ("name", "mixer", "ratio", "attn_layers", "attention_share",
                                  "effective_ratio")}
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),

@@ -44,6 +44,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   again = grid.run_grid("tiny", out, progress=False, accelerator=False, only="transformer")
   assert len(trained) == 1 and trained[0].endswith(os.path.join("transformer", "run"))
   assert open(metrics).read() == logged                   # resumed at its last step: no step retrained
+  assert again[1]["train_loss"] is not None and again[1]["tokens_per_s"] is not None  # from its log
   assert again[1]["steps"] == 6 and os.path.exists(os.path.join(out, "cells", "transformer", "result.json"))
 
 
