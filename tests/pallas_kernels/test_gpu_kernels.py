@@ -163,6 +163,17 @@ class TestOnGPU:
   def test_delta_rule(self, T, H, K, V, dtype):
     harness.check_op(DELTA, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
 
+  @pytest.mark.parametrize("config", [Config(), Config(bk_state=64, stages_state=1),
+                                      Config(bk_state=64, stages_state=1, warps_state=8,
+                                             unrolled_value_columns=0)],
+                           ids=["default", "key-blocks", "key-blocks-8-warps-tile-loop"])
+  def test_gated_delta_rule_475m_head_dims(self, monkeypatch, config):
+    """fla's 340M config (the 475M model: K = 256, V = 512) compiled, with the tile variants that
+    benchmarks/ops.py --variants times at that shape."""
+    monkeypatch.setitem(gdn_gpu.chunk_gated_delta_rule.__kwdefaults__, "config", config)
+    harness.check_op(GDN, T=2048, H=2, K=256, V=512, dtype="bfloat16", backend="gpu", B=1)
+    harness.check_op(GDN, T=600, H=2, K=256, V=512, dtype="bfloat16", backend="gpu", varlen=True)
+
   def test_delta_rule_varlen_bf16_long(self):
     harness.check_op(DELTA, T=4096, H=2, K=128, V=128, dtype="bfloat16", backend="gpu", B=1)
     harness.check_op(DELTA, T=300, H=2, K=64, V=32, dtype="bfloat16", backend="gpu", varlen=True)
