@@ -163,10 +163,10 @@ class TestOnGPU:
   def test_delta_rule(self, T, H, K, V, dtype):
     harness.check_op(DELTA, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
 
-  @pytest.mark.parametrize("config", [Config(), Config(bk_state=64, stages_state=1),
+  @pytest.mark.parametrize("config", [Config(), Config(bk_state=256),
                                       Config(bk_state=64, stages_state=1, warps_state=8,
                                              unrolled_value_columns=0)],
-                           ids=["default", "key-blocks", "key-blocks-8-warps-tile-loop"])
+                           ids=["default-key-blocks", "one-key-block", "key-blocks-8-warps-tile-loop"])
   def test_gated_delta_rule_475m_head_dims(self, monkeypatch, config):
     """fla's 340M config (the 475M model: K = 256, V = 512) compiled, with the tile variants that
     benchmarks/ops.py --variants times at that shape."""

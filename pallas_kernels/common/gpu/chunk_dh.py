@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
+from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    state_at_flag, store_at_flag, total)
@@ -112,7 +112,7 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           delta=delta, given_scores=per_channel, bk=st.cfg.bk_state)
+                           delta=delta, given_scores=per_channel, bk=state_key_block(st.cfg, K, per_channel))
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static, state_stages
+from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    state_at_flag, store_at_flag, total)
@@ -132,7 +132,7 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
                            want_o=want_o, delta=delta, given_scores=given_scores,
-                           bk=st.cfg.bk_state)
+                           bk=state_key_block(st.cfg, K, per_channel))
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
   args = keys + [u, G] + ([scores] if given_scores else []) + [h0]

@@ -11,9 +11,8 @@ class Config(NamedTuple):
   """Tile sizes and launch parameters (benchmarks/ops.py times variants). The `*_wy*` fields are
   read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py, kda/gpu.py)."""
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
-  bk_state: int = 256     # the state passes hold their state as blocks of this many key rows and
-                          # split each product over K alike (fla at K = 256: four [64, BV] blocks;
-                          # 256 is one block, the kernels as tuned)
+  bk_state: int | None = None  # the state passes hold their state as blocks of this many key rows
+                          # and split each product over K alike; None: state_key_block's default
   warps_state: int = 4
   stages_state: int = 2
   warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:
@@ -44,9 +43,24 @@ class Static(NamedTuple):
   cfg: Config
 
 
+def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
+  """Key rows per state block of the state / dh passes. Up to K = 128 the state is one block (the
+  kernels as tuned at the anchor shape). Above, scalar-gate passes hold it as [64, BV] blocks, as
+  fla does at K = 256: the one-block pass ran one 4-warp program per SM (255 registers, 172 / 189
+  KB shared) and the blocked one two, the gated delta rule's fwd+bwd 5.94 -> 4.59 ms at 8x4096,
+  H=4 K=256 V=512 on the H200 (benchmarks/NOTES.md, session 12). The per-channel passes (KDA) keep
+  one block there until timed."""
+  if cfg.bk_state is not None:
+    return cfg.bk_state
+  return 64 if K > 128 and not per_channel else K
+
+
 def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
   """Pipeline stages of the state / dh passes. Two stages of a per-channel pass's streamed [C, K]
   tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200 block has
   (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB; one stage
-  needs 84 / 92 KiB."""
-  return 1 if per_channel and K > 128 else cfg.stages_state
+  needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 were timed with one stage (two
+  stages with four 8-warp blocks lost: 6.55 ms against 4.59)."""
+  if K > 128 and (per_channel or cfg.bk_state is None):
+    return 1
+  return cfg.stages_state
