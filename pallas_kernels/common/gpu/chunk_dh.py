@@ -112,7 +112,8 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
     in_specs += [sp.seq_flags()] * 2 + [h0_spec]
     aliases = {len(args) - 1: 2}
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           delta=delta, given_scores=per_channel, bk=state_key_block(st.cfg, K, per_channel))
+                           delta=delta, given_scores=per_channel,
+                           bk=state_key_block(st.cfg, K, per_channel))
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],

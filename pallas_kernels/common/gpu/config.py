@@ -46,10 +46,9 @@ class Static(NamedTuple):
 def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
   """Key rows per state block of the state / dh passes. Up to K = 128 the state is one block (the
   kernels as tuned at the anchor shape). Above, scalar-gate passes hold it as [64, BV] blocks, as
-  fla does at K = 256: the one-block pass ran one 4-warp program per SM (255 registers, 172 / 189
-  KB shared) and the blocked one two, the gated delta rule's fwd+bwd 5.94 -> 4.59 ms at 8x4096,
-  H=4 K=256 V=512 on the H200 (benchmarks/NOTES.md, session 12). The per-channel passes (KDA) keep
-  one block there until timed."""
+  fla does at K = 256: one [256, BV] block needs 172 / 189 KB of shared memory, so one program fits
+  an SM, where [64, BV] blocks let two share it (faster at fla's 340M head dims: benchmarks/NOTES.md,
+  session 12). The per-channel passes (KDA) keep one block there until timed."""
   if cfg.bk_state is not None:
     return cfg.bk_state
   return 64 if K > 128 and not per_channel else K
@@ -59,8 +58,8 @@ def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
   """Pipeline stages of the state / dh passes. Two stages of a per-channel pass's streamed [C, K]
   tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200 block has
   (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB; one stage
-  needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 were timed with one stage (two
-  stages with four 8-warp blocks lost: 6.55 ms against 4.59)."""
+  needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 (state_key_block) run with one
+  stage, the configuration that was timed."""
   if K > 128 and (per_channel or cfg.bk_state is None):
     return 1
   return cfg.stages_state
