@@ -6,16 +6,23 @@
     python benchmarks/train_step.py --run_torch --long               # B=1, T=32,768
     python benchmarks/train_step.py --torch DIR/torch_train_step.json    # torch figures run before
 
---run_torch runs benchmarks/torch_train_step.py (fla's GatedDeltaNetForCausalLM and HF's
-LlamaForCausalLM at the same batch and length) in a subprocess before JAX touches the GPU, so the
-two frameworks never hold device memory at once, and prints its rows beside ours.
+--run_torch runs benchmarks/torch_train_step.py (HF's LlamaForCausalLM, then fla's
+GatedDeltaNetForCausalLM, at the same batch and length) in a subprocess before JAX touches the GPU,
+so the two frameworks never hold device memory at once, and prints its rows beside ours with our
+tokens/s as ratios of theirs. fla autotunes its Triton kernels on a fresh machine (more than ten
+minutes for this model): the subprocess starts from Triton's autotune results in
+benchmarks/fla_autotune_h200.tgz (H200, Triton 3.6, fla 0.6.0; unpacked into TRITON_CACHE_DIR, a
+fresh folder when unset) and writes what it holds afterwards to fla_autotune.tgz beside --json:
+copy that over the shipped archive to keep what a call tuned. --torch_timeout bounds the
+subprocess (a stopped fla keeps Llama's row).
 
 Runs lineax_lm.train.trainer.Trainer's jitted step (AdamW, clipping, bf16 activations with float32
 master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM timed the same way
 with torch (B=8, T=4096, vocab 32,000: 89.8k tokens/s, 54.8 GiB on the H200; benchmarks/NOTES.md).
 MFU uses 6 N FLOPs per token with N all parameters (the anchor's convention) over the device's dense
 bf16 peak. Defaults: the fla-matched 340M Gated DeltaNet and the same model with attention at every
-4th layer (3:1).
+4th layer (3:1). Several presets run one process each (the script calls itself with one preset), so
+that each row's peak memory is its own.
 """
 from __future__ import annotations
 
@@ -24,8 +31,10 @@ import dataclasses
 import json
 import os
 import functools
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -141,11 +150,49 @@ def torch_rows(path: str, batch: int, seq: int) -> list:
   return rows
 
 
-def run_torch(batch: int, seq: int, steps: int, out: str) -> str:
+FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_autotune_h200.tgz")
+
+
+def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float) -> str:
+  """benchmarks/torch_train_step.py in a subprocess (at most `timeout` seconds) over Triton's cache
+  seeded from FLA_AUTOTUNE; the cache's autotune results afterwards go to out/fla_autotune.tgz."""
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
-  subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
-                  "--steps", str(steps)], check=False)
+  env = dict(os.environ)
+  cache = env.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cache_"))
+  if os.path.exists(FLA_AUTOTUNE):
+    with tarfile.open(FLA_AUTOTUNE) as tar:
+      tar.extractall(cache, filter="data")
+  try:
+    subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
+                    "--steps", str(steps)], check=False, env=env, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    print(f"torch_train_step.py stopped after {timeout:.0f} s (fla still autotuning?)", flush=True)
+  tuned = [os.path.join(d, f) for d, _, files in os.walk(cache) for f in files
+           if f.endswith(".autotune.json")]
+  with tarfile.open(os.path.join(out, "fla_autotune.tgz"), "w:gz") as tar:
+    for path in sorted(tuned):
+      tar.add(path, arcname=os.path.relpath(path, cache))
+  print(f"{len(tuned)} autotune results in {os.path.join(out, 'fla_autotune.tgz')}", flush=True)
   return os.path.join(out, "torch_train_step.json")
+
+
+def run_each_in_process(a, specs: list[str]) -> list[dict]:
+  """Each preset in a process of its own (this script with one preset): its rows."""
+  rows = []
+  for spec in specs:
+    part = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_") + ".json"
+    args = [sys.executable, os.path.abspath(__file__), "--presets", spec, "--json", part]
+    for key in ("batch", "seq", "loss_chunk", "steps", "dtype", "remat", "attn_impl", "set",
+                "profile"):
+      if getattr(a, key) is not None:
+        args += [f"--{key}", str(getattr(a, key))]
+    args += ["--hlo"] if a.hlo else []
+    if subprocess.run(args, check=False).returncode == 0 and os.path.exists(part):
+      with open(part) as f:
+        rows += json.load(f)
+    else:
+      rows.append(dict(preset=spec, error="its process failed (its output is above)"))
+  return rows
 
 
 def main():
@@ -159,6 +206,8 @@ def main():
   p.add_argument("--torch", default=None, help="torch_train_step.json to print beside ours")
   p.add_argument("--run_torch", action="store_true",
                  help="run benchmarks/torch_train_step.py first")
+  p.add_argument("--torch_timeout", type=float, default=900,
+                 help="seconds --run_torch's subprocess may take (fla's autotuning included)")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--remat", default="none")
@@ -174,32 +223,27 @@ def main():
   if a.long:
     a.batch, a.seq = 1, 32768
   if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
-    a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)))
-  print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
-  rows = []
-  for spec in a.presets.split(","):
-    preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
-    overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
-                     **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
-    stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_")
-    row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
-                     stem + ".hlo.txt" if a.hlo else None)
-    rows.append(row | {"preset": spec})
-    if table:
-      with open(stem + ".profile.md", "w") as f:
-        f.write(f"# {spec}: B={a.batch} T={a.seq}, {a.profile} steps\n\n{table}\n")
-      print(table, flush=True)
+    a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)),
+                        a.torch_timeout)
+  specs = a.presets.split(",")
+  if len(specs) > 1:
+    rows = run_each_in_process(a, specs)
+  else:
+    print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
+    rows = [run_one(a, specs[0])]
   if a.torch and os.path.exists(a.torch):
     rows += torch_rows(a.torch, a.batch, a.seq)
   elif a.torch:
     print(f"no torch figures: {a.torch} was not written")
   with open(a.json, "w") as f:
     json.dump(rows, f, indent=1)
-  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk} (peak GiB of ours: "
-        "process-wide)\n"
-        "| model | params | tokens/s | MFU (6N) | peak GiB | step ms | first step s (init + lower + "
-        "compile + run) |")
-  print("|---|---|---|---|---|---|---|")
+  fla = next((r for r in rows if r["preset"].startswith("fla_gated_deltanet")), None)
+  llama = next((r for r in rows if r["preset"].startswith("hf_llama")), None)
+  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk}; tokens/s as ratios of fla's "
+        "GatedDeltaNet's and HF Llama's from this call\n"
+        "| model | params | tokens/s | vs fla GDN | vs HF Llama | MFU (6N) | peak GiB | step ms | "
+        "first step s (init + lower + compile + run) |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     if "error" in r:
       print(f"| {r['preset']} | error: {r['error'][:200]} |")
@@ -207,8 +251,29 @@ def main():
     mfu = f"{r['mfu_6N']:.3f}" if r["mfu_6N"] else "-"
     peak = f"{r['peak_GiB']:.1f}" if r["peak_GiB"] else "-"
     first = r.get("compile_s", r.get("first_step_s"))
-    print(f"| {r['preset']} | {r['params_M']:.0f}M | {r['tokens_per_s'] / 1e3:.1f}k | {mfu} | {peak} | "
+    print(f"| {r['preset']} | {r['params_M']:.0f}M | {r['tokens_per_s'] / 1e3:.1f}k | "
+          f"{ratio_text(r, fla)} | {ratio_text(r, llama)} | {mfu} | {peak} | "
           f"{r['step_s'] * 1e3:.0f} | {first:.0f}{split_text(r)} |")
+
+
+def run_one(a, spec: str) -> dict:
+  preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
+  overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
+                   **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
+  stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_")
+  row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
+                   stem + ".hlo.txt" if a.hlo else None)
+  if table:
+    with open(stem + ".profile.md", "w") as f:
+      f.write(f"# {spec}: B={a.batch} T={a.seq}, {a.profile} steps\n\n{table}\n")
+    print(table, flush=True)
+  return row | {"preset": spec}
+
+
+def ratio_text(r: dict, reference: dict | None) -> str:
+  if reference is None or "tokens_per_s" not in reference or "tokens_per_s" not in r:
+    return "-"
+  return f"{r['tokens_per_s'] / reference['tokens_per_s']:.2f}x"
 
 
 def parse_set(text: str) -> dict:
