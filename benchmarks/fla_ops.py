@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from torch_kernels import busy_ms
+
 import fla.ops.common.chunk_o as _chunk_o
 
 # fla refuses its gated backward kernels on Hopper with Triton < 3.7.1 (a Triton miscompile at some
@@ -61,20 +63,6 @@ def make_inputs(B, T, H, K, V, seed=0):
            gx=F.logsigmoid(r(B, T, H * K) + 3.0))
   d.update(qh=r(B, H, T, K).to(bf), kh=r(B, H, T, K).to(bf), vh=r(B, H, T, V).to(bf))
   return d
-
-
-def busy_ms(step, table_path, steps=20):
-  """Summed CUDA kernel time per step, and the per-kernel table (fla's stages) at table_path."""
-  from torch.profiler import ProfilerActivity, profile
-  with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    for _ in range(steps):
-      step()
-    torch.cuda.synchronize()
-  kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-  with open(table_path, "w") as f:
-    for e in sorted(kernels, key=lambda e: -e.device_time_total):
-      f.write(f"{e.device_time_total / 1e3 / steps:8.3f} ms/step  {e.count // steps:3d}x  {e.key[:110]}\n")
-  return sum(e.device_time_total for e in kernels) / 1e3 / steps
 
 
 def measure(name, B, T, H, K, V, out_dir, busy=False):

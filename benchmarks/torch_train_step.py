@@ -25,6 +25,8 @@ import traceback
 
 import torch
 
+from torch_kernels import busy_ms
+
 VOCAB, LAYERS, HIDDEN = 32000, 24, 1024
 
 
@@ -55,7 +57,8 @@ def hf_llama(seq: int):
 MODELS = {"hf_llama_sdpa": hf_llama, "fla_gated_deltanet_340m": fla_gated_deltanet}
 
 
-def measure(build, batch: int, seq: int, warmup: int, steps: int) -> dict:
+def measure(build, batch: int, seq: int, warmup: int, steps: int, profile: int = 0,
+            table_path: str = "") -> dict:
   torch.cuda.empty_cache()
   torch.cuda.reset_peak_memory_stats()
   started = time.perf_counter()
@@ -88,9 +91,10 @@ def measure(build, batch: int, seq: int, warmup: int, steps: int) -> dict:
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
+  busy = busy_ms(lambda: step(tokens[0]), table_path, profile) if profile else None
   row = dict(params_M=params / 1e6, step_s=step_s, tokens_per_s=batch * seq / step_s,
              peak_GiB=torch.cuda.max_memory_allocated() / 2**30, first_step_s=first_step_s,
-             loss=float(loss))
+             loss=float(loss), **({"busy_ms": busy} if profile else {}))
   del model, opt, tokens
   return row
 
@@ -104,6 +108,9 @@ def main():
   p.add_argument("--long", action="store_true", help="B=1, T=32,768 (overrides --batch/--seq)")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--profile", type=int, default=0,
+                 help="a torch.profiler trace of this many more steps a model: its busy time, and "
+                 "the per-kernel table in torch_<model>.kernels.txt beside the JSON")
   p.add_argument("--models", default=",".join(MODELS),
                  help="comma-separated, run in this order (HF Llama first by default: it needs no "
                  "autotuning, so a time limit that stops fla's still leaves its row)")
@@ -118,7 +125,8 @@ def main():
   path = os.path.join(a.out, "torch_train_step.json")
   for name in a.models.split(","):
     try:
-      result["models"][name] = measure(MODELS[name], batch, seq, a.warmup, a.steps)
+      result["models"][name] = measure(MODELS[name], batch, seq, a.warmup, a.steps, a.profile,
+                                        os.path.join(a.out, f"torch_{name}.kernels.txt"))
     except Exception as e:
       result["models"][name] = dict(error=f"{type(e).__name__}: {e}",
                                     traceback=traceback.format_exc()[-4000:])

@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import functools
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -153,7 +152,8 @@ def torch_rows(path: str, batch: int, seq: int) -> list:
 FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_autotune_h200.tgz")
 
 
-def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float) -> str:
+def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profile: int = 0,
+              models: str | None = None) -> str:
   """benchmarks/torch_train_step.py in a subprocess (at most `timeout` seconds) over Triton's cache
   seeded from FLA_AUTOTUNE; the cache's autotune results afterwards go to out/fla_autotune.tgz."""
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
@@ -164,7 +164,8 @@ def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float) -> str
       tar.extractall(cache, filter="data")
   try:
     subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
-                    "--steps", str(steps)], check=False, env=env, timeout=timeout)
+                    "--steps", str(steps), "--profile", str(profile)]
+                   + (["--models", models] if models else []), check=False, env=env, timeout=timeout)
   except subprocess.TimeoutExpired:
     print(f"torch_train_step.py stopped after {timeout:.0f} s (fla still autotuning?)", flush=True)
   tuned = [os.path.join(d, f) for d, _, files in os.walk(cache) for f in files
@@ -206,6 +207,8 @@ def main():
   p.add_argument("--torch", default=None, help="torch_train_step.json to print beside ours")
   p.add_argument("--run_torch", action="store_true",
                  help="run benchmarks/torch_train_step.py first")
+  p.add_argument("--torch_models", default=None,
+                 help="torch_train_step.py's --models (default: HF Llama, then fla's GatedDeltaNet)")
   p.add_argument("--torch_timeout", type=float, default=900,
                  help="seconds --run_torch's subprocess may take (fla's autotuning included)")
   p.add_argument("--steps", type=int, default=10)
@@ -216,7 +219,8 @@ def main():
   p.add_argument("--set", default="", help="ModelConfig overrides of every preset, e.g. "
                  "scan_layers=false,remat=dots (values read as JSON where they parse)")
   p.add_argument("--profile", type=int, default=0,
-                 help="trace this many steps after the timed ones; per-op table to <json>.profile.md")
+                 help="trace this many steps after the timed ones; per-op table to <json>.profile.md "
+                 "(with --run_torch also fla's and Llama's kernel tables, torch_<model>.kernels.txt)")
   p.add_argument("--hlo", action="store_true", help="write each preset's optimised HLO beside --json")
   p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "train_step.json"))
   a = p.parse_args()
@@ -224,7 +228,7 @@ def main():
     a.batch, a.seq = 1, 32768
   if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
     a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)),
-                        a.torch_timeout)
+                        a.torch_timeout, a.profile, a.torch_models)
   specs = a.presets.split(",")
   if len(specs) > 1:
     rows = run_each_in_process(a, specs)
