@@ -94,10 +94,12 @@ def measure(name, B, T, H, K, V, out_dir, busy=False):
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--ops", default=",".join(OPS))
-  p.add_argument("--shapes", default="4x4096,8x8192", help="BxT pairs (H=16, K=V=128)")
+  p.add_argument("--shapes", default="4x4096,8x8192", help="BxT pairs")
+  p.add_argument("--hkv", default="16,128,128", help="H,K,V (as benchmarks/ops.py's)")
   p.add_argument("--busy", action="store_true")
   p.add_argument("--out", default=os.environ.get("OUT", "."))
   a = p.parse_args()
+  H, K, V = map(int, a.hkv.split(","))
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, "fla_ops.json")
   res = dict(env=dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(0)), ops={})
@@ -107,7 +109,7 @@ def main():
     for shape in a.shapes.split(","):
       B, T = map(int, shape.split("x"))
       try:
-        r = measure(name, B, T, 16, 128, 128, a.out, a.busy)
+        r = measure(name, B, T, H, K, V, a.out, a.busy)
       except Exception as e:  # one op's failure must not cost the others' figures
         r = dict(error=repr(e)[:300])
       res["ops"].setdefault(name, {})[f"{B}x{T}"] = r
