@@ -125,6 +125,25 @@ def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varle
   harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 
 
+# (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the
+# chunk-parallel kernel after a state pass that writes h, v' and the final state
+# (Config.split_output, the default above K = 128), with and without the delta correction and key
+# blocks, varlen final states per sequence.
+SPLIT_OUTPUT_CASES = [
+    (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, 48, "float32", True, Config(split_output=True)),
+    (GDN, gdn_gpu.chunk_gated_delta_rule, 70, 64, 64, "bfloat16", False,
+     Config(split_output=True, bk_state=16)),
+    (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, 32, "bfloat16", True, Config(split_output=True)),
+]
+
+
+@pytest.mark.parametrize("case,fn,T,K,V,dtype,varlen,config", SPLIT_OUTPUT_CASES,
+                         ids=lambda x: getattr(x, "name", None))
+def test_split_output_interpret(monkeypatch, case, fn, T, K, V, dtype, varlen, config):
+  monkeypatch.setitem(fn.__kwdefaults__, "config", config)
+  harness.check_op(case, T=T, H=2, K=K, V=V, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
+
+
 def test_wide_values_add_no_kernel_launches():
   """V above 256 runs in one launch of each kernel (the V-independent work once, no split and
   concatenation of value slices): fwd+bwd lowers for CUDA to as many Triton kernels at V = 512 and
@@ -165,8 +184,10 @@ class TestOnGPU:
 
   @pytest.mark.parametrize("config", [Config(), Config(bk_state=256),
                                       Config(bk_state=64, stages_state=1, warps_state=8,
-                                             unrolled_value_columns=0)],
-                           ids=["default-key-blocks", "one-key-block", "key-blocks-8-warps-tile-loop"])
+                                             unrolled_value_columns=0),
+                                      Config(split_output=False), Config(bv_state=16)],
+                           ids=["default-key-blocks", "one-key-block", "key-blocks-8-warps-tile-loop",
+                                "fused-output", "value-tile-16"])
   def test_gated_delta_rule_475m_head_dims(self, monkeypatch, config):
     """fla's 340M config (the 475M model: K = 256, V = 512) compiled, with the tile variants that
     benchmarks/ops.py --variants times at that shape."""

@@ -24,18 +24,20 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
+from pallas_kernels.common.gpu import chunk_o
+from pallas_kernels.common.gpu.config import (CHUNK, Static, split_output, state_key_block,
+                                              state_stages)
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    state_at_flag, store_at_flag, total)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
-def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores, bk):
-  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states) and
-  (delta) v'. Without delta there is no w and v' = u = v. Per-channel gates (g_ref [T, K]): q and k
-  arrive gated and P (given_scores, with want_o) is read, not computed. The state is a list of
-  [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
+def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_scores, bk):
+  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states),
+  (delta) v' and (want_final) the final state. Without delta there is no w and v' = u = v.
+  Per-channel gates (g_ref [T, K]): q and k arrive gated and P (given_scores, with want_o) is read,
+  not computed. The state is a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
   refs = list(refs)
   q_ref = refs.pop(0) if want_o else None
   k_ref = refs.pop(0)
@@ -45,12 +47,15 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores, bk):
   h0_ref = refs[2]
   refs = refs[3:]
   starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
+  want_final = want_final or want_o
+  if want_final and is_varlen:
+    refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
   if want_o:
-    if is_varlen:
-      refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
     o_ref, fin_ref = refs
   else:
-    h_ref, vn_ref = refs if delta else (refs[0], None)
+    h_ref = refs.pop(0)
+    vn_ref = refs.pop(0) if delta else None
+    fin_ref = refs.pop(0) if want_final else None
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -96,7 +101,7 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores, bk):
     else:
       S = [s * jnp.exp(g_last) + dot_tn(scale_rows(k, jnp.exp(g_last - G), dt), vn_c, prec)
            for s, k in zip(S, ks)]
-    if is_varlen and want_o:
+    if is_varlen and want_final:
       store_at_flag(ends_ref, c, fin_ref, S, rows)
     return S
 
@@ -105,7 +110,7 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, delta, given_scores, bk):
   else:
     S0 = [h0_ref[r, :].astype(F32) for r in rows]
   S = lax.fori_loop(0, NT, body, S0)
-  if want_o and not is_varlen:
+  if want_final and not is_varlen:
     for r, s in zip(rows, S):
       fin_ref[r, :] = s
 
@@ -119,8 +124,24 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
   dtype), h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
 
   want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32); else (h [B, NT, H, K, V],
-  v' [B, T, H, V] or None without delta), in the input dtype.
+  v' [B, T, H, V] or None without delta), in the input dtype. With want_o and `split_output` (above
+  K = 128 by default) the loop writes h, v' and the final state and chunk_o.output_pass forms o.
   """
+  delta = w is not None
+  if want_o and split_output(st.cfg, k.shape[-1], G.ndim == 4):
+    outs = _run_state_pass(None, k, w, u, G, h0, starts, ends, st, False, True, None)
+    vn = outs[1] if delta else u
+    return chunk_o.output_pass(q, k, G, outs[0], vn, st), outs[-1]
+  outs = _run_state_pass(q, k, w, u, G, h0, starts, ends, st, want_o, False, scores)
+  if want_o:
+    return tuple(outs)
+  return outs[0], (outs[1] if delta else None)
+
+
+def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, want_final: bool,
+                    scores):
+  """One launch of _state_kernel, its outputs: want_o (o, final state); else h, then v' (delta)
+  and the final state (want_final) where present."""
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
   BV = value_tile(V, st.cfg.bv_state)
@@ -131,8 +152,8 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           want_o=want_o, delta=delta, given_scores=given_scores,
-                           bk=state_key_block(st.cfg, K, per_channel))
+                           want_o=want_o, want_final=want_final, delta=delta,
+                           given_scores=given_scores, bk=state_key_block(st.cfg, K, per_channel))
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
   args = keys + [u, G] + ([scores] if given_scores else []) + [h0]
@@ -144,17 +165,17 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
     args += [starts, ends]
     in_specs += [sp.seq_flags()] * 2
   if want_o:
-    if st.is_varlen:  # sequences with no tokens keep their initial state
-      aliases = {len(args): 1}
-      args.append(h0)
-      in_specs.append(h0_spec)
-    out_specs = [sp.seq_tok(BV, True), h0_spec]
-    out_shape = [sds((B, T, H, V), k.dtype), sds(h0.shape, F32)]
+    out_specs = [sp.seq_tok(BV, True)]
+    out_shape = [sds((B, T, H, V), k.dtype)]
   else:
     out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + delta]
     out_shape = [sds((B, sp.NT, H, K, V), k.dtype), sds((B, T, H, V), k.dtype)][:1 + delta]
-  outs = launch(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
+  if want_o or want_final:
+    if st.is_varlen:  # sequences with no tokens keep their initial state
+      aliases = {len(args): len(out_specs)}
+      args.append(h0)
+      in_specs.append(h0_spec)
+    out_specs.append(h0_spec)
+    out_shape.append(sds(h0.shape, F32))
+  return launch(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
                 state_stages(st.cfg, K, per_channel), aliases)(*args)
-  if want_o:
-    return outs
-  return outs[0], (outs[1] if delta else None)

@@ -15,6 +15,10 @@ class Config(NamedTuple):
                           # and split each product over K alike; None: state_key_block's default
   warps_state: int = 4
   stages_state: int = 2
+  split_output: bool | None = None  # the forward's output by chunk_o.output_pass after the state
+                          # pass instead of inside its chunk loop; None: split_output's default
+  bv_output: int = 64     # value tile of the chunk-parallel output kernel
+  warps_output: int = 4
   warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:
                           # benchmarks/NOTES.md v3)
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
@@ -63,3 +67,18 @@ def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
   if K > 128 and (per_channel or cfg.bk_state is None):
     return 1
   return cfg.stages_state
+
+
+def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
+  """Whether the forward computes o in a chunk-parallel kernel (common/gpu/chunk_o.py) after a state
+  pass that writes the chunk-start states, rather than inside the state pass's serial chunk loop.
+  Above K = 128 fla splits it so (chunk_fwd_h, then chunk_fwd_o), and there it was 1.7x faster than
+  our fused pass in the 475M model's step (benchmarks/NOTES.md, session 13): the serial loop runs
+  one program per value tile and head, few at B * H = 4 to 32, and q h and P v' lengthen each of
+  its steps. The cost is writing and reading h [B, NT, H, K, V] once. Per-channel gates (KDA) keep
+  the fused pass: their output reads intra-chunk scores the split kernel does not form."""
+  if per_channel:
+    return False
+  if cfg.split_output is not None:
+    return cfg.split_output
+  return K > 128
