@@ -15,7 +15,9 @@ and `positions` come with packed text ("concat" / "first_fit", see lineax_lm.dat
 Order of operations (grain's dataset API throughout):
   MapDataset.source(documents) -> this process's shard [process_index::process_count] of the equal
   split -> shuffle(seed) -> repeat(num_epochs; reshuffled every epoch) -> tokenize -> to_iter_dataset
-  -> pack -> batch.
+  -> pack -> [mix in synthetic recall rows] -> batch.
+`data.recall_mix` (lineax_lm.data.recall_mix) interleaves a fraction of synthetic in-context
+retrieval rows with the packed text rows of the training split (never the held-out split).
 MQAR examples have a fixed length, so MQAR stays a MapDataset until after batching: batch s of a run
 is a pure function of (config, seed, s). Everything is deterministic given the seed, and a restored
 iterator continues bit-for-bit.
@@ -26,7 +28,7 @@ import grain
 import ml_collections
 from ml_collections import config_dict
 
-from lineax_lm.data import packing, splits, text
+from lineax_lm.data import packing, recall_mix, splits, text
 from lineax_lm.data.mqar import MQARSource
 from lineax_lm.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -72,6 +74,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   # mqar (lineax_lm.data.mqar.MQARSource; seq_len above; examples drawn from `seed`)
   c.mqar = ml_collections.ConfigDict(dict(
       vocab_size=8192, num_kv_pairs=8, power_a=0.01, num_examples=100_000, random_non_queries=True))
+  # text sources, split "train": a `fraction` of the rows are synthetic recall rows (MQAR over the
+  # first 256 ids, key-value text documents) instead of packed text (lineax_lm.data.recall_mix)
+  c.recall_mix = ml_collections.ConfigDict(recall_mix.default_recall_mix_config())
   return c
 
 
@@ -179,10 +184,16 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
   if config.seq_len < 1 or (config.num_epochs is not None and config.num_epochs < 1):
     raise ValueError(f"`data.seq_len` must be >= 1 and `data.num_epochs` None or >= 1; got "
                      f"{config.seq_len} and {config.num_epochs}")
+  mix = config.get("recall_mix") or {}
+  mix_fraction = 0.0
   if config.source != "mqar":  # fail on a bad tokenizer or packing mode before reading any file
     tokenizer = make_tokenizer(config)
     if config.packing not in packing.PACKING_MODES:
       raise ValueError(f"`data.packing` must be one of {packing.PACKING_MODES}; got {config.packing!r}")
+    mix_fraction = recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len,
+                                               vocab_size=tokenizer.vocab_size)
+  else:
+    recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len, vocab_size=0)
 
   ds = _shard(grain.MapDataset.source(make_source(config, seed)), shard)
   if config.shuffle:
@@ -198,4 +209,10 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
   ds = packing.pack(ds, mode=config.packing, seq_len=config.seq_len, pad_id=tokenizer.pad_id,
                     num_packing_bins=config.num_packing_bins, seed=seed,
                     max_segments=config.get("max_segments"))
+  if mix_fraction and config.get("split", "train") == "train":
+    rows = recall_mix.RecallRows(kinds=mix.kinds, seq_len=config.seq_len, tokenizer=tokenizer,
+                                 seed=seed, mqar_kv_pairs=mix.get("mqar_kv_pairs", 32),
+                                 with_segments=config.packing != "none")
+    ds = recall_mix.mix_rows(ds, mix_fraction, rows, shard_index=shard.shard_index,
+                             shard_count=shard.shard_count, read=read)
   return ds.batch(local_batch, drop_remainder=drop_remainder)
