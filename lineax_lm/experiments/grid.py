@@ -11,11 +11,18 @@ repository), `tiny`: samples of the random tiny teacher made in `<out>/corpus`; 
 Per cell (lineax_lm.experiments.sizes says which cells and sizes there are), in
 `<out>/cells/<cell>/`:
   run/          the training run (`train_and_evaluate`: Orbax checkpoints, metrics.jsonl)
-  result.json   written last, once the cell is trained and scored: a rerun skips the cell
-Scores: held-out perplexity and bits per byte (the corpus's held-out documents, never trained on),
+  config_fingerprint   the cell's `config_fingerprint`, written before training starts
+  result.json   written last, once the cell is trained and scored: a rerun skips the cell if its
+                `config_fingerprint` is the one the cell has now
+A cell folder made under another config (another budget, data mix, model or evaluation; or before
+fingerprints existed) is moved to `<out>/stale/` and the cell runs again, so the tables never mix
+cells of two budgets; `--tables` refuses results of more than one `budget_fingerprint`.
+Scores: held-out perplexity and bits per byte (the corpus's held-out text documents, never trained
+on and never mixed with synthetic recall rows),
 the RULER-style tasks (lineax_lm.eval.ruler: needle single / multi-key / multi-value /
 multi-query, variable tracking, common and frequent words) at each length with their mean, MQAR
-(zero-shot: in-context associative recall of random byte pairs, lineax_lm.eval.mqar), and the
+(in-context associative recall of random byte pairs, lineax_lm.eval.mqar, on a test seed: zero-shot
+unless the training mix `data.recall_mix` holds MQAR rows, as `small`'s does), and the
 efficiency rows (lineax_lm.eval.efficiency: parameters, token-mixing FLOPs, cache bytes, training
 FLOPs and the tokens/s measured in training).
 
@@ -32,9 +39,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
+import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -92,10 +102,60 @@ def default_corpus(size) -> str:
   return shipped_corpus(size.corpus)
 
 
+# Fields that change how a run is stored, logged or read, not what it computes (None: the section).
+_UNSCORED_FIELDS = {
+    "data": ("num_threads", "prefetch_buffer_size"),
+    "train": ("log_every", "checkpoint_every", "async_checkpointing", "keep_checkpoints",
+              "restore_step", "profile_steps", "profile_start"),
+    "eval": None,                       # the grid scores after training (eval.steps = 0)
+}
+# The model fields that make one cell of a size differ from another (left out of the budget).
+_CELL_FIELDS = ("preset", "mixer", "attn_ratio", "attn_layers", "mixer_cfg", "linear_mlp_hidden")
+# Size fields that say which cells a grid has or where its default corpus is, not how one is run.
+_GRID_FIELDS = ("cells", "corpus")
+
+
+def _digest(tree) -> str:
+  return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def fingerprint_tree(config, size) -> dict:
+  """What a cell's result depends on: its training config without the storage and logging fields,
+  data files by file name (the same corpus is the same data on any machine), and the size's
+  evaluation settings."""
+  tree = config.to_dict()
+  for section, fields in _UNSCORED_FIELDS.items():
+    if fields is None:
+      tree.pop(section, None)
+    else:
+      for name in fields:
+        tree.get(section, {}).pop(name, None)
+  data = tree.get("data", {})
+  for key in ("paths", "heldout_paths"):
+    if isinstance(data.get(key), str):
+      data[key] = [os.path.basename(p.strip()) for p in data[key].split(",") if p.strip()]
+  tree["size"] = {k: v for k, v in dataclasses.asdict(size).items() if k not in _GRID_FIELDS}
+  return tree
+
+
+def config_fingerprint(config, size) -> str:
+  """A short hash of `fingerprint_tree`: equal for two runs that compute the same cell."""
+  return _digest(fingerprint_tree(config, size))
+
+
+def budget_fingerprint(config, size) -> str:
+  """`config_fingerprint` without the model fields that tell the cells apart: equal for every cell
+  of one grid (data, mix, steps, optimiser, width, evaluation), so results of two budgets differ."""
+  tree = fingerprint_tree(config, size)
+  for name in _CELL_FIELDS:
+    tree.get("model", {}).pop(name, None)
+  return _digest(tree)
+
+
 def build_cells(size_name: str, only: str = "", corpus: str | None = None, overrides=(),
                 accelerator: bool | None = None) -> list[dict]:
-  """{"name", "mixer", "ratio", "config", placement fields} of the cells to run; `corpus` None:
-  the size's `default_corpus`."""
+  """{"name", "mixer", "ratio", "config", "config_fingerprint", "budget_fingerprint", placement
+  fields} of the cells to run; `corpus` None: the size's `default_corpus`."""
   if accelerator is None:
     import jax
     accelerator = jax.default_backend() != "cpu"
@@ -108,7 +168,8 @@ def build_cells(size_name: str, only: str = "", corpus: str | None = None, overr
     c.data.update(corpus_data(corpus))
     apply_overrides(c, overrides)
     out.append(dict(name=sizes_lib.cell_name(mixer, ratio), mixer=mixer, ratio=ratio, config=c,
-                    **sizes_lib.placement(c)))
+                    config_fingerprint=config_fingerprint(c, size),
+                    budget_fingerprint=budget_fingerprint(c, size), **sizes_lib.placement(c)))
   return out
 
 
@@ -176,13 +237,17 @@ def train_cell(config, run_dir: str) -> dict:
 
 
 def run_cell(cell: dict, size, out: str) -> dict:
-  """Trains and scores one cell unless its result.json exists; returns the result."""
+  """Trains and scores one cell unless its result.json exists with the cell's fingerprint (a cell
+  folder of another config is set aside first, `set_aside_if_stale`); returns the result."""
   path = result_path(out, cell)
   cell_dir = os.path.dirname(path)
+  set_aside_if_stale(out, cell)
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)
   os.makedirs(cell_dir, exist_ok=True)
+  report.write_atomically(os.path.join(cell_dir, FINGERPRINT_FILE),
+                          lambda f: f.write(cell["config_fingerprint"] + "\n"))
   start = time.time()
   run_dir = os.path.join(cell_dir, "run")
   summary = train_cell(cell["config"], run_dir)
@@ -193,6 +258,8 @@ def run_cell(cell: dict, size, out: str) -> dict:
     summary = dict(logged[-1] if logged else {}, **{k: v for k, v in summary.items() if v is not None})
   result = {k: cell[k] for k in ("name", "mixer", "ratio", "attn_layers", "attention_share",
                                  "effective_ratio")}
+  result.update(config_fingerprint=cell["config_fingerprint"],
+                budget_fingerprint=cell["budget_fingerprint"])
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
                 train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
                 train_seconds=train_seconds)
@@ -200,6 +267,65 @@ def run_cell(cell: dict, size, out: str) -> dict:
   result["seconds"] = round(time.time() - start, 1)
   report.write_json(path, result)
   return result
+
+
+FINGERPRINT_FILE = "config_fingerprint"
+
+
+def stored_fingerprint(out: str, cell: dict) -> str | None:
+  """The fingerprint a cell folder was made under: its result's, else the one written when its
+  training started; None when neither says (a folder of an older grid, or none yet)."""
+  cell_dir = os.path.dirname(result_path(out, cell))
+  if os.path.exists(result_path(out, cell)):
+    with open(result_path(out, cell)) as f:
+      return json.load(f).get("config_fingerprint")
+  path = os.path.join(cell_dir, FINGERPRINT_FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      return f.read().strip()
+  return None
+
+
+def finished(out: str, cell: dict) -> bool:
+  """The cell's result.json exists and was made under the cell's config."""
+  return (os.path.exists(result_path(out, cell))
+          and stored_fingerprint(out, cell) == cell["config_fingerprint"])
+
+
+def set_aside_if_stale(out: str, cell: dict) -> str | None:
+  """Moves the cell's folder to `<out>/stale/<cell>.<its fingerprint>[.n]` when it holds a result
+  or a run of another config (or of an unknown one); returns where it went, or None."""
+  cell_dir = os.path.dirname(result_path(out, cell))
+  if not os.path.isdir(cell_dir):
+    return None
+  stored = stored_fingerprint(out, cell)
+  if stored == cell["config_fingerprint"]:
+    return None
+  if stored is None and not (os.path.exists(result_path(out, cell))
+                             or os.path.exists(os.path.join(cell_dir, "run"))):
+    return None                                 # only a log or an empty folder: nothing to mix
+  os.makedirs(os.path.join(out, "stale"), exist_ok=True)
+  dest = base = os.path.join(out, "stale", f"{cell['name']}.{stored or 'unfingerprinted'}")
+  n = 1
+  while os.path.exists(dest):
+    dest, n = f"{base}.{n}", n + 1
+  shutil.move(cell_dir, dest)
+  log.warning("cell %s was made under another config (fingerprint %s, now %s): moved to %s; it "
+              "runs again", cell["name"], stored, cell["config_fingerprint"], dest)
+  return dest
+
+
+def check_one_budget(results: list[dict]) -> None:
+  """A ValueError when `results` come from more than one budget (their `budget_fingerprint`)."""
+  budgets: dict = {}
+  for r in results:
+    budgets.setdefault(r.get("budget_fingerprint"), []).append(r["name"])
+  if len(budgets) > 1:
+    listing = "; ".join(f"{fp or 'none (an older grid)'}: {', '.join(names)}"
+                        for fp, names in budgets.items())
+    raise ValueError(f"the cells under this --out were made under {len(budgets)} different budgets "
+                     f"({listing}); tables of them would compare unlike runs: move the cells of "
+                     "one budget elsewhere, or rerun the grid (it sets stale cells aside)")
 
 
 # ----------------------------------------------------------------------------- tables and plots
@@ -240,7 +366,8 @@ def tables_markdown(results: list[dict]) -> str:
            "results.md. Lower bits per byte is better; recall and MQAR are accuracies in [0, 1].\n",
            "## Held-out bits per byte\n", _pivot(results, "heldout_bits_per_byte"),
            "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
-           "\n## MQAR (zero-shot) mean\n", _pivot(results, "mqar_mean")]
+           "\n## MQAR mean (in-context recall of byte pairs; learnt from the data mix when it holds "
+           "mqar rows)\n", _pivot(results, "mqar_mean")]
   lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   for L in lengths:
     parts += [f"\n## RULER-style mean at {L} tokens\n", _pivot(results, f"ruler_mean_{L}")]
@@ -323,12 +450,13 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
     make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
                 max_new_tokens=48, batch_size=16, min_chars=1)    # one shape: one compile
   cells = build_cells(size_name, only, corpus, overrides, accelerator)
+  for cell in build_cells(size_name, "", corpus, overrides, accelerator):   # every cell of the size
+    set_aside_if_stale(out, cell)
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),
                     [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())
                      for c in cells])
   if parallel > 1:
-    run_cells_in_processes([c for c in cells if not os.path.exists(result_path(out, c))], out,
-                           corpus, parallel, argv)
+    run_cells_in_processes([c for c in cells if not finished(out, c)], out, corpus, parallel, argv)
   bar = tqdm(cells, unit="cell", disable=not progress, dynamic_ncols=True)
   for cell in bar:
     bar.set_description(cell["name"])
@@ -386,7 +514,9 @@ def main(argv=None) -> int:
                  "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
   a = p.parse_args(argv)
   if a.tables:
-    print(write_outputs(load_results(a.out), a.out))
+    results = load_results(a.out)
+    check_one_budget(results)
+    print(write_outputs(results, a.out))
     return 0
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.WARNING)     # orbax logs every save at INFO

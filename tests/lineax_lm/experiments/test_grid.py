@@ -69,3 +69,60 @@ def test_overrides_set_cell_fields():
   assert cell["config"].train.lr == 1e-3 and cell["effective_ratio"] == "7:1"
   with pytest.raises(ValueError, match="no field"):
     grid.build_cells("small", "gla:6:1", overrides=["train.nope=1"], accelerator=False)
+
+
+def test_fingerprint_follows_what_a_cell_computes():
+  (cell,) = grid.build_cells("small", "gla:6:1", accelerator=False)
+  fp = cell["config_fingerprint"]
+  same = grid.build_cells("small", "gla:6:1", overrides=["train.log_every=7", "data.num_threads=1"],
+                          accelerator=False)[0]
+  assert same["config_fingerprint"] == fp                      # logging and I/O knobs do not count
+  moved = cell["config"].copy_and_resolve_references()
+  moved.data.paths = ",".join("/elsewhere/" + p.rsplit("/", 1)[1] for p in moved.data.paths.split(","))
+  assert grid.config_fingerprint(moved, grid.sizes_lib.get_size("small")) == fp  # a copy of the corpus
+  for change in ("data.recall_mix.fraction=0.1", "train.tokens=1.6384e6", "train.lr=1e-3"):
+    other = grid.build_cells("small", "gla:6:1", overrides=[change], accelerator=False)[0]
+    assert other["config_fingerprint"] != fp
+    assert other["budget_fingerprint"] != cell["budget_fingerprint"]
+  cells = grid.build_cells("small", "gla,transformer", accelerator=False)
+  assert len({c["config_fingerprint"] for c in cells}) == len(cells) == 6
+  assert len({c["budget_fingerprint"] for c in cells}) == 1     # one grid, one budget
+
+
+def test_a_result_of_another_config_is_set_aside_and_the_cell_reruns(tmp_path, monkeypatch):
+  out = str(tmp_path / "g")
+  size = grid.sizes_lib.get_size("small")
+  (cell,) = grid.build_cells("small", "hgrn:3:1", accelerator=False)
+  cell_dir = os.path.join(out, "cells", cell["name"])
+  os.makedirs(os.path.join(cell_dir, "run"))
+  with open(os.path.join(cell_dir, "result.json"), "w") as f:  # an older grid's: no fingerprint
+    json.dump(dict(name=cell["name"], heldout_bits_per_byte=2.44), f)
+  trained = []
+  monkeypatch.setattr(grid, "train_cell",
+                      lambda config, run_dir: trained.append(run_dir) or {"step": 1, "loss": 1.0})
+  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size, config: dict(heldout_bits_per_byte=2.0))
+  result = grid.run_cell(cell, size, out)
+  assert len(trained) == 1 and result["config_fingerprint"] == cell["config_fingerprint"]
+  assert result["heldout_bits_per_byte"] == 2.0 and grid.finished(out, cell)
+  stale = os.path.join(out, "stale", f"{cell['name']}.unfingerprinted")
+  assert json.load(open(os.path.join(stale, "result.json")))["heldout_bits_per_byte"] == 2.44
+  assert grid.run_cell(cell, size, out) == result and len(trained) == 1   # same config: skipped
+  (changed,) = grid.build_cells("small", "hgrn:3:1", overrides=["train.lr=1e-3"], accelerator=False)
+  assert not grid.finished(out, changed)
+  grid.run_cell(changed, size, out)
+  assert len(trained) == 2
+  assert os.path.isdir(os.path.join(out, "stale", f"{cell['name']}.{cell['config_fingerprint']}"))
+  # an interrupted run of another config (no result yet) does not resume: it is set aside too
+  os.remove(os.path.join(cell_dir, "result.json"))
+  assert grid.set_aside_if_stale(out, cell) is not None and not os.path.exists(cell_dir)
+
+
+def test_tables_refuse_results_of_two_budgets(tmp_path):
+  out = str(tmp_path / "g")
+  for name, budget in (("hgrn_3-1", "aaaa"), ("hgrn_pure", None)):
+    os.makedirs(os.path.join(out, "cells", name))
+    with open(os.path.join(out, "cells", name, "result.json"), "w") as f:
+      json.dump(dict(name=name, mixer="hgrn", ratio="3:1", label="HGRN", budget_fingerprint=budget), f)
+  with pytest.raises(ValueError, match="2 different budgets"):
+    grid.main(["--size", "small", "--out", out, "--tables"])
+
