@@ -212,6 +212,7 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
   if mix_fraction and config.get("split", "train") == "train":
     rows = recall_mix.RecallRows(kinds=mix.kinds, seq_len=config.seq_len, tokenizer=tokenizer,
                                  seed=seed, mqar_kv_pairs=mix.get("mqar_kv_pairs", 32),
+                                 mqar_loss_weight=mix.get("mqar_loss_weight", 1),
                                  with_segments=config.packing != "none")
     ds = recall_mix.mix_rows(ds, mix_fraction, rows, shard_index=shard.shard_index,
                              shard_count=shard.shard_count, read=read)

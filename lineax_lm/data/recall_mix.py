@@ -60,7 +60,11 @@ def default_recall_mix_config() -> dict:
   return dict(
       fraction=0.0,            # share of training rows that are synthetic, in [0, 1); 0: none
       kinds="mqar,kv_text",    # comma-separated KINDS, taking turns
-      mqar_kv_pairs=32)        # key-value pairs of an mqar row (4 * pairs <= data.seq_len)
+      mqar_kv_pairs=32,        # key-value pairs of an mqar row (4 * pairs <= data.seq_len)
+      # The loss weight of a queried value of an mqar row (its loss_mask): the loss is a mean over
+      # weighted tokens, where a row of 32 queries among 1,024 text tokens a row would otherwise
+      # be 1/32 of a text row; seq_len // mqar_kv_pairs makes it weigh as much as one.
+      mqar_loss_weight=1)
 
 
 def parse_kinds(kinds) -> tuple[str, ...]:
@@ -93,6 +97,9 @@ def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int) -> floa
       raise ValueError(f"`data.recall_mix.mqar_kv_pairs` must be an int >= 1 with 4 * pairs <= "
                        f"data.seq_len = {seq_len} and pairs <= {vocab // 2 - 1} (distinct keys "
                        f"among {vocab} ids); got {pairs!r}")
+    weight = mix.get("mqar_loss_weight", 1)
+    if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
+      raise ValueError(f"`data.recall_mix.mqar_loss_weight` must be an int >= 1; got {weight!r}")
   return float(fraction)
 
 
@@ -102,9 +109,10 @@ class RecallRows:
   "positions" of one sequence when `with_segments`, as packed text rows have)."""
 
   def __init__(self, *, kinds, seq_len: int, tokenizer, seed: int, mqar_kv_pairs: int = 32,
-               with_segments: bool = True):
+               mqar_loss_weight: int = 1, with_segments: bool = True):
     self.kinds, self.seq_len, self.tokenizer = parse_kinds(kinds), seq_len, tokenizer
     self.seed, self.mqar_kv_pairs, self.with_segments = seed, mqar_kv_pairs, with_segments
+    self.mqar_loss_weight = mqar_loss_weight
 
   def __len__(self) -> int:
     return NUM_ROWS
@@ -115,6 +123,7 @@ class RecallRows:
     if kind == "mqar":
       row = mqar_example(index, seed=self.seed, vocab_size=min(MQAR_VOCAB, self.tokenizer.vocab_size),
                          seq_len=self.seq_len, num_kv_pairs=self.mqar_kv_pairs, power_a=MQAR_POWER_A)
+      row["loss_mask"] = row["loss_mask"] * np.int32(self.mqar_loss_weight)
     else:
       row = lm_example(kv_text_ids(self.tokenizer, self.seq_len + 1, self.seed, index))
     if self.with_segments:

@@ -45,6 +45,9 @@ def test_a_fraction_of_rows_are_the_synthetic_rows_in_order(tmp_path):
   np.testing.assert_array_equal(mqar_row["inputs"], mqar_example(
       0, seed=3, vocab_size=256, seq_len=64, num_kv_pairs=8, power_a=0.01)["inputs"])
   assert mqar_row["loss_mask"].sum() == 8                       # the queried values only
+  weighted = RecallRows(kinds="mqar", seq_len=64, tokenizer=ByteTokenizer(), seed=3, mqar_kv_pairs=8,
+                        mqar_loss_weight=8)[0]["loss_mask"]
+  np.testing.assert_array_equal(weighted, 8 * mqar_row["loss_mask"])   # weighs as a text row
   assert kv_row["loss_mask"].all() and kv_row["inputs"][0] == ByteTokenizer.bos_id
   for row in (mqar_row, kv_row):                                # one sequence, as packed rows carry
     assert (row["segment_ids"] == 1).all() and (row["positions"] == np.arange(64)).all()
@@ -117,6 +120,7 @@ def pattern(template, prefix=""):
     ("kinds", "", r"data\.recall_mix\.kinds"),
     ("mqar_kv_pairs", 17, r"data\.recall_mix\.mqar_kv_pairs"),   # 4 * 17 > seq_len 64
     ("mqar_kv_pairs", 0, r"data\.recall_mix\.mqar_kv_pairs"),
+    ("mqar_loss_weight", 0, r"data\.recall_mix\.mqar_loss_weight"),
 ])
 def test_bad_values_name_the_field(tmp_path, field, value, match):
   c, _ = mixed_config(tmp_path)
