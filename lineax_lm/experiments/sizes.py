@@ -9,12 +9,17 @@ layer each).
 
 Sizes:
   tiny   the test's: 2 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
-         cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher.
-  small  one H200 cell in about a minute with compile: 24 layers of width 256 (4 attention heads of
+         cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher,
+         a quarter of the rows synthetic recall rows (8 MQAR pairs, weight 8).
+  small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
          64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
-         tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 5.2M tokens (320 steps),
+         tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 10.5M tokens (640 steps),
          lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
-         default corpus for this size; any folder made by lineax_lm.experiments.corpus works).
+         default corpus for this size; any folder made by lineax_lm.experiments.corpus works) with
+         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of 64
+         key-value pairs, each queried value of loss weight 16, and key-value text documents,
+         taking turns), so 5.24M tokens of text as the text-only budget of 320 steps had; the
+         recall scores then measure recall learnt from those rows (docs/hybrid_study.md).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
@@ -53,6 +58,12 @@ class Size:
   backend: str = "auto"
   cells: tuple = ()                    # () : every mixer x ratio and the Transformer
   corpus: str = ""                     # the grid's default corpus: a folder of corpora/; "": none
+  # data.recall_mix (lineax_lm.data.recall_mix): the share of training rows that are synthetic
+  # in-context retrieval rows, their kinds and the key-value pairs of an MQAR row; 0: text only
+  recall_fraction: float = 0.0
+  recall_kinds: str = "mqar,kv_text"
+  recall_mqar_kv_pairs: int = 32
+  recall_mqar_loss_weight: int = 1
   # evaluation
   ppl_documents: int = 64              # held-out documents scored
   ruler_tasks: tuple = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
@@ -60,7 +71,7 @@ class Size:
   ruler_lengths: tuple = (1024, 2048, 4096)
   ruler_examples: int = 8
   ruler_mode: str = "teacher_forced"
-  mqar: tuple = ((512, 16), (512, 64))  # (sequence length, key-value pairs), scored zero-shot
+  mqar: tuple = ((512, 16), (512, 64))  # (sequence length, key-value pairs), on a test seed
   mqar_examples: int = 64
   eval_batch: int = 8
   eval_length: int | None = 8192       # every scored row padded to this (one compile); None: buckets
@@ -73,9 +84,14 @@ SIZES = {
                  cells=(("gated_deltanet", "3:1"), TRANSFORMER),
                  ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
-                 efficiency_lengths=(256,)),
+                 efficiency_lengths=(256,), recall_fraction=0.25, recall_mqar_kv_pairs=8,
+                 recall_mqar_loss_weight=8),
+    # Half the rows synthetic recall rows, an MQAR row weighing as much as a text row (1,024 / 64
+    # queries); 640 steps keep the text rows of the 320-step text-only budget (5.24M tokens), so
+    # the LM metric reads as much text as before.
     "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
-                  tokens=320 * 16 * 1024, lr=2e-3, corpus="smollm2_samples"),
+                  tokens=640 * 16 * 1024, lr=2e-3, corpus="smollm2_samples", recall_fraction=0.5,
+                  recall_mqar_kv_pairs=64, recall_mqar_loss_weight=16),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
                  ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
@@ -159,6 +175,9 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) ->
   c.model.backend = size.backend
   c.model.dtype = "bfloat16" if accelerator else "float32"
   c.data.update(dict(seq_len=size.seq_len, global_batch_size=size.batch))
+  c.data.recall_mix.update(dict(fraction=size.recall_fraction, kinds=size.recall_kinds,
+                                mqar_kv_pairs=size.recall_mqar_kv_pairs,
+                                mqar_loss_weight=size.recall_mqar_loss_weight))
   if size.tokenizer:
     c.data.tokenizer = size.tokenizer
   c.train.lr = size.lr

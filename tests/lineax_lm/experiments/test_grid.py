@@ -126,3 +126,13 @@ def test_tables_refuse_results_of_two_budgets(tmp_path):
   with pytest.raises(ValueError, match="2 different budgets"):
     grid.main(["--size", "small", "--out", out, "--tables"])
 
+
+def test_small_cells_score_heldout_text_only():
+  import gzip
+  from lineax_lm.data.pipeline import make_source
+  (cell,) = grid.build_cells("small", "hgrn:3:1", accelerator=False)
+  assert cell["config"].data.recall_mix.fraction > 0              # training mixes recall rows in
+  docs = make_source(grid.heldout_config(cell["config"]), seed=0)  # what bits per byte scores
+  with gzip.open(cell["config"].data.heldout_paths, "rt") as f:
+    heldout = [json.loads(line)["text"] for line in f if line.strip()]
+  assert [docs[i] for i in range(len(docs))] == heldout and len(heldout) == 24
