@@ -1,4 +1,5 @@
-"""Input pipelines (grain): MQAR, local text / jsonl / parquet and TFDS sources, held-out splits, tokenizers, packing.
+"""Input pipelines (grain): MQAR, local text / jsonl / parquet and TFDS sources, held-out splits, tokenizers, packing,
+synthetic recall rows mixed into text (`data.recall_mix`, lineax_lm.data.recall_mix).
 
   from lineax_lm.data import default_data_config, make_dataset
   it = make_dataset(config.data, seed=0)      # batches of [global_batch // process_count, seq_len]

@@ -106,6 +106,9 @@ RULES: tuple[tuple[str, Range], ...] = (
     ("data.mqar.num_kv_pairs", count(1)),
     ("data.mqar.power_a", positive()),
     ("data.mqar.num_examples", count(1)),
+    ("data.recall_mix.fraction", fraction(high_open=True)),        # 0: no synthetic rows
+    ("data.recall_mix.mqar_kv_pairs", count(1)),
+    ("data.recall_mix.mqar_loss_weight", count(1)),
     ("train.steps", count(1)),
     ("train.tokens", count(0)),                                     # 0: train.steps as given
     ("train.grad_accum", count(1)),
