@@ -72,11 +72,13 @@ def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
 def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
   """Whether the forward computes o in a chunk-parallel kernel (common/gpu/chunk_o.py) after a state
   pass that writes the chunk-start states, rather than inside the state pass's serial chunk loop.
-  Above K = 128 fla splits it so (chunk_fwd_h, then chunk_fwd_o), and there it was 1.7x faster than
-  our fused pass in the 475M model's step (benchmarks/NOTES.md, session 13): the serial loop runs
-  one program per value tile and head, few at B * H = 4 to 32, and q h and P v' lengthen each of
-  its steps. The cost is writing and reading h [B, NT, H, K, V] once. Per-channel gates (KDA) keep
-  the fused pass: their output reads intra-chunk scores the split kernel does not form."""
+  That loop runs one program per value tile and head, few above K = 128 (B * H * V / BV = 64 at the
+  475M model's B = 1, H = 4, V = 512), and q h and P v' lengthen each of its steps; a chunk-parallel
+  output kernel runs a program per chunk. fla splits its forward so at K = 256 (chunk_fwd_h, then
+  chunk_fwd_o), and in the 475M model's step those two took 19.5 ms against our fused pass's 33.8
+  (benchmarks/NOTES.md, session 13). The cost is writing and reading h [B, NT, H, K, V] once.
+  Per-channel gates (KDA) keep the fused pass: their output reads intra-chunk scores this kernel
+  does not form."""
   if per_channel:
     return False
   if cfg.split_output is not None:
