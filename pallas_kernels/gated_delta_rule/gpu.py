@@ -13,7 +13,9 @@ forward
   2. `chunk_state.state_pass`   grid (V/BV, B*H): the chunk loop, float32 state [K, BV] in
                                 registers, output fused: v' = u - w S;
                                 o = scale exp(G) q S + P v';  S = exp(G_C) S + (exp(G_C - G) k)^T v'
-                                with P = lower(scale q k^T exp(G_i - G_j)).
+                                with P = lower(scale q k^T exp(G_i - G_j)). Above K = 128
+                                (`config.split_output`) the pass writes h, v' and the final state
+                                instead and `chunk_o.output_pass` (grid (V/BV, NT, B*H)) forms o.
 backward (residuals: the inputs, w, u and T; states are recomputed, never stored by the forward)
   3. `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.

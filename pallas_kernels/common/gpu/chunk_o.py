@@ -25,9 +25,8 @@ def _output_kernel(q_ref, k_ref, g_ref, h_ref, vn_ref, o_ref, *, scale):
   dt = q.dtype
   prec = precision(dt)
   P = dot_nt(q, k, prec) * (decay(G) * scale)
-  o = dot(scale_rows(q, jnp.exp(G) * scale, dt), h_ref[...], prec) + dot(P.astype(dt), vn_ref[...],
-                                                                        prec)
-  o_ref[...] = o.astype(o_ref.dtype)
+  qh = dot(scale_rows(q, jnp.exp(G) * scale, dt), h_ref[...], prec)
+  o_ref[...] = (qh + dot(P.astype(dt), vn_ref[...], prec)).astype(o_ref.dtype)
 
 
 def output_pass(q, k, G, h, vn, st: Static):
@@ -43,7 +42,6 @@ def output_pass(q, k, G, h, vn, st: Static):
   gate = pl.BlockSpec((None, None, C), lambda iv, n, bh: (bh // H, bh % H, n))
   state = pl.BlockSpec((None, None, None, K, BV), lambda iv, n, bh: (bh // H, n, bh % H, 0, iv))
   kern = functools.partial(_output_kernel, scale=st.scale)
-  return launch(kern, (V // BV, T // C, B * H), [tok(K, False), tok(K, False), gate, state,
-                                                 tok(BV, True)],
-                tok(BV, True), sds(vn.shape, q.dtype), st, st.cfg.warps_output,
-                st.cfg.stages_chunk)(q, k, G, h, vn)
+  in_specs = [tok(K, False), tok(K, False), gate, state, tok(BV, True)]
+  return launch(kern, (V // BV, T // C, B * H), in_specs, tok(BV, True), sds(vn.shape, q.dtype), st,
+                st.cfg.warps_output, st.cfg.stages_chunk)(q, k, G, h, vn)

@@ -1,4 +1,5 @@
-"""The forward chunk state pass (like fla's chunk_h / chunk_delta_h with chunk_o fused in): grid
+"""The forward chunk state pass (like fla's chunk_h / chunk_delta_h with chunk_o fused in, or, with
+`config.split_output`, followed by common/gpu/chunk_o.py's chunk-parallel output kernel): grid
 (V / BV, B*H), the chunks in a `lax.fori_loop`, the float32 state [K, BV] in registers (as blocks of
 Config.bk_state key rows, every product over K split alike).
 
