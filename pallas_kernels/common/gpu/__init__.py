@@ -19,6 +19,7 @@ Modules:
                     unit-lower inverse;
 Stages:
 - `chunk_state`     forward state pass: chunk-start states h or the output o and the final state;
+- `chunk_o`         chunk-parallel output from the states h (scalar gates; the forward above K = 128);
 - `chunk_dh`        reverse state-gradient pass: dh per chunk, dv', d initial_state;
 - `chunk_dqk`       chunk-parallel dq, dk, dG (and dw for the delta rule);
 - `fused_recurrent` the token-by-token decode kernel with a reference-recurrence gradient.
