@@ -91,10 +91,11 @@ def measure(build, batch: int, seq: int, warmup: int, steps: int, profile: int =
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
-  busy = busy_ms(lambda: step(tokens[0]), table_path, profile) if profile else None
   row = dict(params_M=params / 1e6, step_s=step_s, tokens_per_s=batch * seq / step_s,
              peak_GiB=torch.cuda.max_memory_allocated() / 2**30, first_step_s=first_step_s,
-             loss=float(loss), **({"busy_ms": busy} if profile else {}))
+             loss=float(loss))
+  if profile:
+    row["busy_ms"] = busy_ms(lambda: step(tokens[0]), table_path, profile)
   del model, opt, tokens
   return row
 

@@ -158,7 +158,8 @@ def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profil
   seeded from FLA_AUTOTUNE; the cache's autotune results afterwards go to out/fla_autotune.tgz."""
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
   env = dict(os.environ)
-  cache = env.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton_cache_"))
+  cache = env.get("TRITON_CACHE_DIR") or tempfile.mkdtemp(prefix="triton_cache_")
+  env["TRITON_CACHE_DIR"] = cache
   if os.path.exists(FLA_AUTOTUNE):
     with tarfile.open(FLA_AUTOTUNE) as tar:
       tar.extractall(cache, filter="data")

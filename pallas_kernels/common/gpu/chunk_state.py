@@ -35,8 +35,8 @@ from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
 def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_scores, bk):
-  """Forward chunk loop. want_o: write o and the final state; else write h (chunk-start states),
-  (delta) v' and (want_final) the final state. Without delta there is no w and v' = u = v.
+  """Forward chunk loop. want_o: write o; else h (chunk-start states) and (delta) v'; want_final
+  (always with want_o): the final state. Without delta there is no w and v' = u = v.
   Per-channel gates (g_ref [T, K]): q and k arrive gated and P (given_scores, with want_o) is read,
   not computed. The state is a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
   refs = list(refs)
@@ -48,7 +48,6 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_
   h0_ref = refs[2]
   refs = refs[3:]
   starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
-  want_final = want_final or want_o
   if want_final and is_varlen:
     refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
   if want_o:
@@ -149,6 +148,7 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, w
   delta = w is not None
   per_channel = G.ndim == 4
   given_scores = want_o and per_channel
+  want_final = want_final or want_o
   if given_scores and scores is None:
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
   sp = Specs(H, CHUNK, T)
@@ -171,7 +171,7 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, w
   else:
     out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + delta]
     out_shape = [sds((B, sp.NT, H, K, V), k.dtype), sds((B, T, H, V), k.dtype)][:1 + delta]
-  if want_o or want_final:
+  if want_final:
     if st.is_varlen:  # sequences with no tokens keep their initial state
       aliases = {len(args): len(out_specs)}
       args.append(h0)
