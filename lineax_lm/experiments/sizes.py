@@ -171,7 +171,8 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) ->
         attn_layers=ml_collections.config_dict.placeholder(tuple),
         mixer_cfg=ml_collections.ConfigDict({} if transformer else small_mixer_cfg(mixer, size.hidden)),
         linear_mlp_hidden=ml_collections.config_dict.placeholder(int) if transformer
-        else small_mlp_hidden(mixer, size.hidden), tie_embeddings=False, scan_layers=False))
+        else small_mlp_hidden(mixer, size.hidden), tie_embeddings=False, scan_layers=False,
+        attn_short_conv=False))
   c.model.backend = size.backend
   c.model.dtype = "bfloat16" if accelerator else "float32"
   c.data.update(dict(seq_len=size.seq_len, global_batch_size=size.batch))
