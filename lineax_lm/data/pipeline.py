@@ -191,7 +191,8 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
     if config.packing not in packing.PACKING_MODES:
       raise ValueError(f"`data.packing` must be one of {packing.PACKING_MODES}; got {config.packing!r}")
     mix_fraction = recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len,
-                                               vocab_size=tokenizer.vocab_size)
+                                               vocab_size=tokenizer.vocab_size,
+                                               max_segments=config.get("max_segments"))
   else:
     recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len, vocab_size=0)
 
@@ -213,6 +214,7 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
     rows = recall_mix.RecallRows(kinds=mix.kinds, seq_len=config.seq_len, tokenizer=tokenizer,
                                  seed=seed, mqar_kv_pairs=mix.get("mqar_kv_pairs", 32),
                                  mqar_loss_weight=mix.get("mqar_loss_weight", 1),
+                                 mqar_shapes=mix.get("mqar_shapes", ""),
                                  with_segments=config.packing != "none")
     ds = recall_mix.mix_rows(ds, mix_fraction, rows, shard_index=shard.shard_index,
                              shard_count=shard.shard_count, read=read)

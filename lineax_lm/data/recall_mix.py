@@ -10,9 +10,14 @@ benchmarks then measure how much of it each one learnt.
   c.data.recall_mix.kinds = "mqar,kv_text"   # the row kinds, taking turns
 
 Kinds (every row exactly `data.seq_len` next-token pairs, one sequence):
-  mqar     a Zoology MQAR example (`lineax_lm.data.mqar.mqar_example`, the one MQAR generator) over
-           the ids [0, min(256, vocab)): `mqar_kv_pairs` key-value pairs, then queries of the keys
-           among random ids; loss on the queried values only (the rest is noise).
+  mqar     Zoology MQAR examples (`lineax_lm.data.mqar.mqar_example`, the one MQAR generator) over
+           the ids [0, min(256, vocab)): key-value pairs, then queries of the keys among random
+           ids; loss on the queried values only (the rest is noise). By default one example of
+           `mqar_kv_pairs` pairs fills the row; `mqar_shapes` ("64x4,128x8,...", length x pairs)
+           packs several examples into it instead, each its own sequence (segment ids 1, 2, ...,
+           positions from 0), as Zoology trains on a mix of short easy shapes and long hard ones:
+           the short ones are where a model first learns to look a key up, and a 1,024-token
+           example of 16 or 64 pairs alone gives a model from scratch almost nothing to start on.
   kv_text  a text document of facts "the <thing> of <key> is <value>" and later questions about
            them, in one of a few phrasings, tokenized like the corpus; the LM loss on every token.
            Keys are random lowercase strings and values random numbers of 3 to 8 digits, so only a
@@ -61,9 +66,12 @@ def default_recall_mix_config() -> dict:
       fraction=0.0,            # share of training rows that are synthetic, in [0, 1); 0: none
       kinds="mqar,kv_text",    # comma-separated KINDS, taking turns
       mqar_kv_pairs=32,        # key-value pairs of an mqar row (4 * pairs <= data.seq_len)
+      # "" : one example a row (above); "LxN,...": examples of length L and N pairs packed into the
+      # row instead (the lengths sum to data.seq_len; 4 * N <= L)
+      mqar_shapes="",
       # The loss weight of a queried value of an mqar row (its loss_mask): the loss is a mean over
       # weighted tokens, where a row of 32 queries among 1,024 text tokens a row would otherwise
-      # be 1/32 of a text row; seq_len // mqar_kv_pairs makes it weigh as much as one.
+      # be 1/32 of a text row; seq_len // (queries a row) makes it weigh as much as one.
       mqar_loss_weight=1)
 
 
@@ -77,7 +85,8 @@ def parse_kinds(kinds) -> tuple[str, ...]:
   return tuple(dict.fromkeys(names))
 
 
-def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int) -> float:
+def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int,
+                     max_segments: int | None = None) -> float:
   """The mix's fraction (0: none) after checking every field; a ValueError names the bad one."""
   fraction = mix.get("fraction", 0.0)
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
@@ -90,10 +99,14 @@ def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int) -> floa
                      "'mqar', which is all recall already: set the fraction to 0")
   kinds = parse_kinds(mix.get("kinds", "mqar"))
   if "mqar" in kinds:
-    pairs = mix.get("mqar_kv_pairs")
     vocab = min(MQAR_VOCAB, vocab_size)
-    if (not isinstance(pairs, int) or isinstance(pairs, bool) or pairs < 1
-        or 4 * pairs > seq_len or vocab // 2 - 1 < pairs):
+    shapes = parse_mqar_shapes(mix.get("mqar_shapes", ""), seq_len=seq_len, vocab=vocab)
+    if max_segments is not None and len(shapes) > max_segments:
+      raise ValueError(f"`data.recall_mix.mqar_shapes` packs {len(shapes)} examples into a row, more "
+                       f"sequences than data.max_segments = {max_segments} (the model's bound)")
+    pairs = mix.get("mqar_kv_pairs")
+    if not shapes and (not isinstance(pairs, int) or isinstance(pairs, bool) or pairs < 1
+                       or 4 * pairs > seq_len or vocab // 2 - 1 < pairs):
       raise ValueError(f"`data.recall_mix.mqar_kv_pairs` must be an int >= 1 with 4 * pairs <= "
                        f"data.seq_len = {seq_len} and pairs <= {vocab // 2 - 1} (distinct keys "
                        f"among {vocab} ids); got {pairs!r}")
@@ -103,16 +116,47 @@ def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int) -> floa
   return float(fraction)
 
 
+def parse_mqar_shapes(shapes, *, seq_len: int, vocab: int = MQAR_VOCAB) -> tuple[tuple[int, int], ...]:
+  """"64x4,128x8" -> ((64, 4), (128, 8)) (length, key-value pairs); "" -> (). A ValueError naming
+  `data.recall_mix.mqar_shapes` unless the lengths sum to `seq_len` and every shape is a valid
+  MQAR example (4 * pairs <= length, pairs <= vocab // 2 - 1)."""
+  if not shapes:
+    return ()
+  field = "`data.recall_mix.mqar_shapes`"
+  try:
+    parsed = tuple(tuple(int(n) for n in item.strip().lower().split("x"))
+                   for item in shapes.split(",") if item.strip())
+  except (AttributeError, ValueError):
+    parsed = ((),)
+  if not parsed or any(len(p) != 2 for p in parsed):
+    raise ValueError(f"{field} must be \"\" or comma-separated LENGTHxPAIRS items "
+                     f"(\"64x4,128x8\"); got {shapes!r}")
+  bad = [f"{n}x{p}" for n, p in parsed if p < 1 or 4 * p > n or p > vocab // 2 - 1]
+  if bad:
+    raise ValueError(f"{field}: every shape needs 1 <= pairs, 4 * pairs <= length and pairs <= "
+                     f"{vocab // 2 - 1} (distinct keys among {vocab} ids); {', '.join(bad)} "
+                     f"{'is' if len(bad) == 1 else 'are'} not")
+  if sum(n for n, _ in parsed) != seq_len:
+    raise ValueError(f"{field}: the lengths must sum to data.seq_len = {seq_len} (one row); "
+                     f"{shapes!r} sums to {sum(n for n, _ in parsed)}")
+  return parsed
+
+
 class RecallRows:
   """The synthetic rows (grain random-access source): `rows[i]` is row i, a pure function of
   (seed, i) ({"inputs", "targets", "loss_mask"}, [seq_len] int32 each, plus "segment_ids" and
-  "positions" of one sequence when `with_segments`, as packed text rows have)."""
+  "positions" when `with_segments`, as packed text rows have: one sequence, or one per example of
+  `mqar_shapes`)."""
 
   def __init__(self, *, kinds, seq_len: int, tokenizer, seed: int, mqar_kv_pairs: int = 32,
-               mqar_loss_weight: int = 1, with_segments: bool = True):
+               mqar_loss_weight: int = 1, mqar_shapes: str = "", with_segments: bool = True):
     self.kinds, self.seq_len, self.tokenizer = parse_kinds(kinds), seq_len, tokenizer
     self.seed, self.mqar_kv_pairs, self.with_segments = seed, mqar_kv_pairs, with_segments
     self.mqar_loss_weight = mqar_loss_weight
+    self.mqar_shapes = parse_mqar_shapes(mqar_shapes, seq_len=seq_len)
+    if self.mqar_shapes and not with_segments and "mqar" in self.kinds:
+      raise ValueError("`data.recall_mix.mqar_shapes` packs several MQAR examples into a row, which "
+                       "needs segment ids: `data.packing` must not be 'none'")
 
   def __len__(self) -> int:
     return NUM_ROWS
@@ -120,15 +164,22 @@ class RecallRows:
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     index = int(index)
     kind = self.kinds[index % len(self.kinds)]
+    shapes = ((self.seq_len, self.mqar_kv_pairs),)
     if kind == "mqar":
-      row = mqar_example(index, seed=self.seed, vocab_size=min(MQAR_VOCAB, self.tokenizer.vocab_size),
-                         seq_len=self.seq_len, num_kv_pairs=self.mqar_kv_pairs, power_a=MQAR_POWER_A)
+      shapes = self.mqar_shapes or shapes
+      vocab = min(MQAR_VOCAB, self.tokenizer.vocab_size)
+      # example j of row i is example i * len(shapes) + j of the stream: a pure function of it
+      parts = [mqar_example(index * len(shapes) + j, seed=self.seed, vocab_size=vocab, seq_len=n,
+                            num_kv_pairs=pairs, power_a=MQAR_POWER_A)
+               for j, (n, pairs) in enumerate(shapes)]
+      row = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
       row["loss_mask"] = row["loss_mask"] * np.int32(self.mqar_loss_weight)
     else:
       row = lm_example(kv_text_ids(self.tokenizer, self.seq_len + 1, self.seed, index))
     if self.with_segments:
-      row["segment_ids"] = np.ones(self.seq_len, np.int32)
-      row["positions"] = np.arange(self.seq_len, dtype=np.int32)
+      row["segment_ids"] = np.repeat(np.arange(1, len(shapes) + 1, dtype=np.int32),
+                                     [n for n, _ in shapes])
+      row["positions"] = np.concatenate([np.arange(n, dtype=np.int32) for n, _ in shapes])
     return row
 
   def __repr__(self) -> str:

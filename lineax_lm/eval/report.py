@@ -43,11 +43,15 @@ def aligned_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
                    + [line(r) for r in rows])
 
 
-def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: str = "{:.3f}") -> str:
-  """A markdown table with one line per distinct `row` value and one column per distinct `col` value
-  (in order of appearance), holding `value`."""
-  rkeys = list(dict.fromkeys(r[row] for r in rows))
-  ckeys = list(dict.fromkeys(r[col] for r in rows))
+def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: str = "{:.3f}",
+                row_order: Sequence = (), col_order: Sequence = ()) -> str:
+  """A markdown table with one line per distinct `row` value and one column per distinct `col` value,
+  holding `value`; lines and columns in the given orders (the keys those name that occur, then the
+  rest in order of appearance)."""
+  def keys(name, order):
+    seen = dict.fromkeys(r[name] for r in rows)
+    return [k for k in order if k in seen] + [k for k in seen if k not in order]
+  rkeys, ckeys = keys(row, row_order), keys(col, col_order)
   cells = {(r[row], r[col]): r[value] for r in rows}
   table = [{row: rk, **{f"{col}={ck}": cells.get((rk, ck)) for ck in ckeys}} for rk in rkeys]
   return markdown_table(table, formats={f"{col}={ck}": fmt for ck in ckeys})

@@ -352,8 +352,10 @@ def _pivot(results, value, fmt="{:.3f}") -> str:
   for r in results:
     col = "Transformer" if r["mixer"] == "transformer" else r["ratio"]
     rows.append(dict(mixer=r["label"], col=col, value=r.get(value)))
-  return report.pivot_table(rows, row="mixer", col="col", value="value", fmt=fmt).replace(
-      "col=", "")
+  return report.pivot_table(
+      rows, row="mixer", col="col", value="value", fmt=fmt,
+      row_order=[sizes_lib.label(m) for m in (*sizes_lib.MIXERS, "transformer")],
+      col_order=(*sizes_lib.RATIOS, "Transformer")).replace("col=", "")
 
 
 def tables_markdown(results: list[dict]) -> str:

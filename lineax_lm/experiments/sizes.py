@@ -10,16 +10,18 @@ layer each).
 Sizes:
   tiny   the test's: 2 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
          cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher,
-         a quarter of the rows synthetic recall rows (8 MQAR pairs, weight 8).
+         a quarter of the rows synthetic recall rows (MQAR rows of two packed examples, 32 x 4
+         and 32 x 8, weight 8).
   small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
          64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
          tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 10.5M tokens (640 steps),
          lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
          default corpus for this size; any folder made by lineax_lm.experiments.corpus works) with
-         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of 64
-         key-value pairs, each queried value of loss weight 16, and key-value text documents,
-         taking turns), so 5.24M tokens of text as the text-only budget of 320 steps had; the
-         recall scores then measure recall learnt from those rows (docs/hybrid_study.md).
+         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of five
+         packed examples, 64 x 4, 64 x 8, 128 x 16, 256 x 32 and 512 x 64 (length x key-value
+         pairs), each queried value of loss weight 8, and key-value text documents, taking turns),
+         so 5.24M tokens of text as the text-only budget of 320 steps had; the recall scores then
+         measure recall learnt from those rows (docs/hybrid_study.md).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
@@ -56,6 +58,10 @@ class Size:
   preset_scale: str | None = None      # "340m" / "1.3b": the presets; None: the widths here
   tokenizer: str = "byte"
   backend: str = "auto"
+  # short convolutions on the attention layers' q, k and v (as every linear mixer here has on its
+  # own): at a few million tokens plain attention forms no previous-token head, so it cannot look
+  # a key up, while a convolution hands it the previous token (the quickstart's finding)
+  attn_short_conv: bool = False
   cells: tuple = ()                    # () : every mixer x ratio and the Transformer
   corpus: str = ""                     # the grid's default corpus: a folder of corpora/; "": none
   # data.recall_mix (lineax_lm.data.recall_mix): the share of training rows that are synthetic
@@ -64,6 +70,7 @@ class Size:
   recall_kinds: str = "mqar,kv_text"
   recall_mqar_kv_pairs: int = 32
   recall_mqar_loss_weight: int = 1
+  recall_mqar_shapes: str = ""         # "": one example of recall_mqar_kv_pairs a row
   # evaluation
   ppl_documents: int = 64              # held-out documents scored
   ruler_tasks: tuple = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
@@ -84,14 +91,17 @@ SIZES = {
                  cells=(("gated_deltanet", "3:1"), TRANSFORMER),
                  ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
-                 efficiency_lengths=(256,), recall_fraction=0.25, recall_mqar_kv_pairs=8,
+                 efficiency_lengths=(256,), recall_fraction=0.25, recall_mqar_shapes="32x4,32x8",
                  recall_mqar_loss_weight=8),
-    # Half the rows synthetic recall rows, an MQAR row weighing as much as a text row (1,024 / 64
-    # queries); 640 steps keep the text rows of the 320-step text-only budget (5.24M tokens), so
+    # Half the rows synthetic recall rows; an MQAR row packs Zoology's shapes from easy to the
+    # scored 512 x 64 (124 queries, weight 8: it weighs about as much as a text row of 1,024
+    # tokens); 640 steps keep the text rows of the 320-step text-only budget (5.24M tokens), so
     # the LM metric reads as much text as before.
     "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
-                  tokens=640 * 16 * 1024, lr=2e-3, corpus="smollm2_samples", recall_fraction=0.5,
-                  recall_mqar_kv_pairs=64, recall_mqar_loss_weight=16),
+                  tokens=640 * 16 * 1024, lr=2e-3, attn_short_conv=True, corpus="smollm2_samples",
+                  recall_fraction=0.5,
+                  recall_mqar_shapes="64x4,64x8,128x16,256x32,512x64", recall_mqar_loss_weight=8,
+                  mqar=((128, 16), (512, 16), (512, 64))),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
                  ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
@@ -172,13 +182,14 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) ->
         mixer_cfg=ml_collections.ConfigDict({} if transformer else small_mixer_cfg(mixer, size.hidden)),
         linear_mlp_hidden=ml_collections.config_dict.placeholder(int) if transformer
         else small_mlp_hidden(mixer, size.hidden), tie_embeddings=False, scan_layers=False,
-        attn_short_conv=False))
+        attn_short_conv=size.attn_short_conv))
   c.model.backend = size.backend
   c.model.dtype = "bfloat16" if accelerator else "float32"
   c.data.update(dict(seq_len=size.seq_len, global_batch_size=size.batch))
   c.data.recall_mix.update(dict(fraction=size.recall_fraction, kinds=size.recall_kinds,
                                 mqar_kv_pairs=size.recall_mqar_kv_pairs,
-                                mqar_loss_weight=size.recall_mqar_loss_weight))
+                                mqar_loss_weight=size.recall_mqar_loss_weight,
+                                mqar_shapes=size.recall_mqar_shapes))
   if size.tokenizer:
     c.data.tokenizer = size.tokenizer
   c.train.lr = size.lr

@@ -54,6 +54,25 @@ def test_a_fraction_of_rows_are_the_synthetic_rows_in_order(tmp_path):
   assert all((r["loss_mask"].sum() == 64) for i, r in enumerate(rows) if i % 4 != 3)
 
 
+def test_mqar_shapes_pack_several_examples_as_separate_sequences(tmp_path):
+  c, _ = mixed_config(tmp_path, fraction=0.5)
+  c.recall_mix.update(dict(kinds="mqar", mqar_shapes="16x2,16x4,32x8", mqar_loss_weight=3))
+  rows = rows_of(take(make_dataset(c, seed=2, process_index=0, process_count=1), 2))
+  source = RecallRows(kinds="mqar", seq_len=64, tokenizer=ByteTokenizer(), seed=2,
+                      mqar_shapes="16x2,16x4,32x8", mqar_loss_weight=3)
+  assert synthetic_positions(rows, source) == [1, 3, 5, 7]
+  row = source[1]
+  starts = [0, 16, 32]
+  for j, (start, (n, pairs)) in enumerate(zip(starts, ((16, 2), (16, 4), (32, 8)))):
+    part = mqar_example(3 + j, seed=2, vocab_size=256, seq_len=n, num_kv_pairs=pairs, power_a=0.01)
+    for k in part:                       # example j of row 1: example 1 * 3 + j of the stream
+      expected = part[k] * 3 if k == "loss_mask" else part[k]
+      np.testing.assert_array_equal(row[k][start:start + n], expected)
+    assert (row["segment_ids"][start:start + n] == j + 1).all()
+    np.testing.assert_array_equal(row["positions"][start:start + n], np.arange(n))
+  assert row["loss_mask"].sum() == 3 * (2 + 4 + 8)
+
+
 def test_mix_is_deterministic_and_resumes_bit_for_bit(tmp_path):
   c, _ = mixed_config(tmp_path, fraction=0.3, packing="first_fit", num_packing_bins=3)
   it = make_dataset(c, seed=5, process_index=0, process_count=1)
@@ -121,11 +140,24 @@ def pattern(template, prefix=""):
     ("mqar_kv_pairs", 17, r"data\.recall_mix\.mqar_kv_pairs"),   # 4 * 17 > seq_len 64
     ("mqar_kv_pairs", 0, r"data\.recall_mix\.mqar_kv_pairs"),
     ("mqar_loss_weight", 0, r"data\.recall_mix\.mqar_loss_weight"),
+    ("mqar_shapes", "32x4,16x2", r"mqar_shapes.*sum to data\.seq_len = 64"),
+    ("mqar_shapes", "32x4,32x9", r"mqar_shapes.*32x9 is not"),
+    ("mqar_shapes", "32-4,32x4", r"mqar_shapes.*LENGTHxPAIRS"),
 ])
 def test_bad_values_name_the_field(tmp_path, field, value, match):
   c, _ = mixed_config(tmp_path)
   c.recall_mix[field] = value
   with pytest.raises(ValueError, match=match):
+    make_dataset(c, seed=0, process_index=0, process_count=1)
+
+
+def test_mqar_shapes_fit_the_models_sequence_bound(tmp_path):
+  c, _ = mixed_config(tmp_path, max_segments=8)
+  c.recall_mix.mqar_shapes = ",".join(["4x1"] * 16)
+  with pytest.raises(ValueError, match=r"mqar_shapes.*16 examples.*max_segments = 8"):
+    make_dataset(c, seed=0, process_index=0, process_count=1)
+  c.packing, c.recall_mix.mqar_shapes = "none", "32x4,32x8"
+  with pytest.raises(ValueError, match=r"mqar_shapes.*'none'"):
     make_dataset(c, seed=0, process_index=0, process_count=1)
 
 
