@@ -13,7 +13,8 @@ Sizes:
          a quarter of the rows synthetic recall rows (MQAR rows of two packed examples, 32 x 4
          and 32 x 8, weight 8).
   small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
-         64; each mixer's heads and expansions as at 340M, widths scaled by 256 / 1024), byte
+         64, short convolutions on their q, k, v; each mixer's heads and expansions as at 340M,
+         widths scaled by 256 / 1024), byte
          tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 10.5M tokens (640 steps),
          lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
          default corpus for this size; any folder made by lineax_lm.experiments.corpus works) with
