@@ -192,7 +192,8 @@ def build_dataset(config, *, seed: int, process_index: int | None = None,
       raise ValueError(f"`data.packing` must be one of {packing.PACKING_MODES}; got {config.packing!r}")
     mix_fraction = recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len,
                                                vocab_size=tokenizer.vocab_size,
-                                               max_segments=config.get("max_segments"))
+                                               max_segments=config.get("max_segments"),
+                                               packed=config.packing != "none")
   else:
     recall_mix.check_recall_mix(mix, source=config.source, seq_len=config.seq_len, vocab_size=0)
 

@@ -86,8 +86,10 @@ def parse_kinds(kinds) -> tuple[str, ...]:
 
 
 def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int,
-                     max_segments: int | None = None) -> float:
-  """The mix's fraction (0: none) after checking every field; a ValueError names the bad one."""
+                     max_segments: int | None = None, packed: bool = True) -> float:
+  """The mix's fraction (0: none) after checking every field; a ValueError names the bad one.
+  packed: whether rows carry segment ids (`data.packing` other than 'none'), which `mqar_shapes`
+  needs to keep its examples apart."""
   fraction = mix.get("fraction", 0.0)
   if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
     raise ValueError(f"`data.recall_mix.fraction` must be a number in [0, 1) (the share of training "
@@ -101,6 +103,9 @@ def check_recall_mix(mix, *, source: str, seq_len: int, vocab_size: int,
   if "mqar" in kinds:
     vocab = min(MQAR_VOCAB, vocab_size)
     shapes = parse_mqar_shapes(mix.get("mqar_shapes", ""), seq_len=seq_len, vocab=vocab)
+    if shapes and not packed:
+      raise ValueError("`data.recall_mix.mqar_shapes` packs several MQAR examples into a row, which "
+                       "needs segment ids: `data.packing` must not be 'none'")
     if max_segments is not None and len(shapes) > max_segments:
       raise ValueError(f"`data.recall_mix.mqar_shapes` packs {len(shapes)} examples into a row, more "
                        f"sequences than data.max_segments = {max_segments} (the model's bound)")
@@ -146,7 +151,7 @@ class RecallRows:
   """The synthetic rows (grain random-access source): `rows[i]` is row i, a pure function of
   (seed, i) ({"inputs", "targets", "loss_mask"}, [seq_len] int32 each, plus "segment_ids" and
   "positions" when `with_segments`, as packed text rows have: one sequence, or one per example of
-  `mqar_shapes`)."""
+  `mqar_shapes`, which therefore needs `with_segments`: check_recall_mix checks it)."""
 
   def __init__(self, *, kinds, seq_len: int, tokenizer, seed: int, mqar_kv_pairs: int = 32,
                mqar_loss_weight: int = 1, mqar_shapes: str = "", with_segments: bool = True):
@@ -154,9 +159,6 @@ class RecallRows:
     self.seed, self.mqar_kv_pairs, self.with_segments = seed, mqar_kv_pairs, with_segments
     self.mqar_loss_weight = mqar_loss_weight
     self.mqar_shapes = parse_mqar_shapes(mqar_shapes, seq_len=seq_len)
-    if self.mqar_shapes and not with_segments and "mqar" in self.kinds:
-      raise ValueError("`data.recall_mix.mqar_shapes` packs several MQAR examples into a row, which "
-                       "needs segment ids: `data.packing` must not be 'none'")
 
   def __len__(self) -> int:
     return NUM_ROWS

@@ -25,8 +25,8 @@ from jax import lax
 
 from lineax_lm import sharding
 from lineax_lm.layers.base import ShortConvs, ctx_or_default
-from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads, rope,
-                                     split_heads)
+from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads,
+                                     residual_dense, rope, split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Attention(ShortConvs, nnx.Module):
     self.q_proj = dense(D, H * self.head_dim, ("embed", "heads"), spec, rngs, bias=cfg.qkv_bias)
     self.k_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
     self.v_proj = dense(D, kv, ("embed", "kv_heads"), spec, rngs, bias=cfg.qkv_bias)
-    self.o_proj = dense(H * self.head_dim, D, ("heads", "embed"), spec, rngs)
+    self.o_proj = residual_dense(H * self.head_dim, D, ("heads", "embed"), spec, rngs)
     if cfg.use_short_conv:
       for name, channels in (("q", H * self.head_dim), ("k", kv), ("v", kv)):
         conv = self._make_conv(name, channels, rngs, activation=None)

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lineax_lm.layers.common import (F32, Context, LayerSpec, GatedRMSNorm, MixerConfig, RMSNorm,
-                                     ShortConv, dense, merge_heads, split_heads)
+                                     ShortConv, dense, merge_heads, residual_dense,
+                                     split_heads)
 
 
 class ShortConvs:
@@ -102,7 +103,7 @@ class LinearMixer(ShortConvs, nnx.Module):
       self.o_norm = GatedRMSNorm(head_v_dim, eps, spec, rngs, activation=activation)
     else:
       self.g_proj, self.o_norm = None, RMSNorm(head_v_dim, eps, spec, rngs)
-    self.o_proj = dense(value_dim, D, ("heads", "embed"), spec, rngs)
+    self.o_proj = residual_dense(value_dim, D, ("heads", "embed"), spec, rngs)
 
   def output(self, o, x):
     """o: [B, L, H, V] op output, x: [B, L, D] layer input -> [B, L, D]."""

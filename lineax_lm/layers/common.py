@@ -45,6 +45,7 @@ class LayerSpec(NamedTuple):
   dtype: Any = F32          # activation / compute dtype
   param_dtype: Any = F32
   init_std: float = INIT_STD
+  residual_scale: float = 1.0  # init_std's factor for the projections into the residual stream
 
 
 def param(rngs, init, shape, axes, dtype=F32):
@@ -60,6 +61,13 @@ def dense(din: int, dout: int, axes, spec: LayerSpec, rngs, *, bias: bool = Fals
       din, dout, use_bias=bias, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=rngs,
       kernel_init=nnx.with_partitioning(init, axes, eager_sharding=False),
       bias_init=nnx.with_partitioning(nnx.initializers.zeros, (axes[-1],), eager_sharding=False))
+
+
+def residual_dense(din: int, dout: int, axes, spec: LayerSpec, rngs):
+  """The projection that writes a branch (a mixer's or an MLP's output) into the residual stream:
+  `dense` with normal(spec.init_std * spec.residual_scale) weights (ModelConfig.residual_init)."""
+  init = nnx.initializers.normal(spec.init_std * spec.residual_scale)
+  return dense(din, dout, axes, spec, rngs, kernel_init=init)
 
 
 def split_heads(x, head_dim: int):
@@ -281,7 +289,7 @@ class SwiGLU(nnx.Module):
   def __init__(self, hidden: int, width: int, spec: LayerSpec, rngs):
     self.gate_proj = dense(hidden, width, ("embed", "mlp"), spec, rngs)
     self.up_proj = dense(hidden, width, ("embed", "mlp"), spec, rngs)
-    self.down_proj = dense(width, hidden, ("mlp", "embed"), spec, rngs)
+    self.down_proj = residual_dense(width, hidden, ("mlp", "embed"), spec, rngs)
 
   def __call__(self, x):
     # The product is recomputed in the backward (one elementwise pass) instead of being kept for

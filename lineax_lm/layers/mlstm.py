@@ -23,7 +23,7 @@ from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
 
 from lineax_lm.layers.base import LinearMixer
 from lineax_lm.layers.common import (F32, Context, LayerSpec, GroupNorm, MixerConfig, dense, param,
-                                     run_op, split_heads)
+                                     residual_dense, run_op, split_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ class MLSTM(LinearMixer):
                             spec.param_dtype)
     self.o_norm = GroupNorm(H, inner, cfg.norm_eps, spec, rngs, bias=False)
     self.learnable_skip = param(rngs, nnx.initializers.ones, (inner,), ("heads",), spec.param_dtype)
-    self.proj_down = dense(inner, D, ("heads", "embed"), spec, rngs)
+    self.proj_down = residual_dense(inner, D, ("heads", "embed"), spec, rngs)
     d = self.head_dim
     self.state_shapes = ((H, d, d), (H, d), (H,))
 

@@ -19,7 +19,7 @@ from pallas_kernels.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 
 from lineax_lm.layers.base import LinearMixer, reset_ids_of
 from lineax_lm.layers.common import (F32, Context, LayerSpec, GroupNorm, MixerConfig, causal_taps,
-                                     dense, param, run_op, split_heads)
+                                     dense, param, residual_dense, run_op, split_heads)
 
 _MIXES = ("r", "w", "k", "v", "g")
 
@@ -61,7 +61,7 @@ class RWKV6(LinearMixer):
     self.g_proj = dense(D, self.value_dim, ("embed", "heads"), spec, rngs)
     self.bonus = param(rngs, zeros, (H, self.head_k_dim), (None, None), spec.param_dtype)
     self.g_norm = GroupNorm(H, self.value_dim, cfg.norm_eps, spec, rngs, bias=True)
-    self.o_proj = dense(self.value_dim, D, ("heads", "embed"), spec, rngs)
+    self.o_proj = residual_dense(self.value_dim, D, ("heads", "embed"), spec, rngs)
     self.conv_states = (("shift", 1, D),)
     self.state_shapes = ((H, self.head_k_dim, self.head_v_dim),)
 

@@ -44,6 +44,9 @@ REMAT_POLICIES = {
 }
 
 
+RESIDUAL_INITS = ("normal", "rescale")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   vocab_size: int = 32000
@@ -65,6 +68,11 @@ class ModelConfig:
   norm_eps: float = 1e-6
   tie_embeddings: bool = False
   init_std: float = INIT_STD
+  # "rescale": the projections that write a block's branches into the residual stream (mixer
+  # o_proj, MLP down_proj) start at init_std / sqrt(2 * num_layers) (GPT-2's scheme, fla's
+  # prenorm_residual_strategy="rescale"); "normal": at init_std, as every other weight (fla's
+  # default)
+  residual_init: str = "normal"
   remat: str = "none"                      # REMAT_POLICIES
   dtype: str = "float32"                   # activations
   param_dtype: str = "float32"
@@ -79,6 +87,8 @@ class ModelConfig:
       object.__setattr__(self, "attn_layers", tuple(int(i) for i in self.attn_layers))
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"`remat` must be one of {sorted(REMAT_POLICIES)}; got {self.remat!r}")
+    if self.residual_init not in RESIDUAL_INITS:
+      raise ValueError(f"`residual_init` must be one of {RESIDUAL_INITS}; got {self.residual_init!r}")
     if self.max_segments < 1:
       raise ValueError(f"`max_segments` must be >= 1; got {self.max_segments}")
     attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)  # validates
@@ -130,7 +140,11 @@ class ModelConfig:
   def layer_spec(self) -> LayerSpec:
     # Nothing layer-specific: blocks of one kind are then identical up to their parameters, so
     # they share one trace (call_shared).
-    return LayerSpec(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std)
+    # "rescale": the residual stream of a pre-norm stack starts as the sum of 2L branch outputs;
+    # scaled by 1/sqrt(2L) the sum starts at the variance of one branch, whatever the depth.
+    scale = 1 / math.sqrt(2 * self.num_layers) if self.residual_init == "rescale" else 1.0
+    return LayerSpec(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std,
+                     scale)
 
   def linear_mixer_config(self):
     return mixer_config(self.mixer, **{"norm_eps": self.norm_eps, "backend": self.backend,

@@ -159,6 +159,9 @@ def test_mqar_shapes_fit_the_models_sequence_bound(tmp_path):
   c.packing, c.recall_mix.mqar_shapes = "none", "32x4,32x8"
   with pytest.raises(ValueError, match=r"mqar_shapes.*'none'"):
     make_dataset(c, seed=0, process_index=0, process_count=1)
+  c.split = "heldout"  # the held-out split mixes no rows, but the config is checked all the same
+  with pytest.raises(ValueError, match=r"mqar_shapes.*'none'"):
+    make_dataset(c, seed=0, process_index=0, process_count=1)
 
 
 def test_mqar_source_cannot_mix():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.models.hybrid import (HybridLM, ModelConfig, attention_layers, make_packing,
-                                     segment_ids_from_cu_seqlens)
+from lineax_lm.models.hybrid import (HybridLM, ModelConfig, attention_layers, init_params,
+                                     make_packing, segment_ids_from_cu_seqlens)
 from tests.lineax_lm.tiny import tiny_config, tokens
 
 
@@ -34,6 +34,29 @@ def test_config_from_ml_collections():
   hash(cfg)
   with pytest.raises(ValueError, match="hiden"):
     ModelConfig.from_config({"hiden": 3})
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "mlstm"])
+def test_rescaled_residual_init(mixer):
+  """residual_init="rescale": only the projections into the residual stream (every mixer's output
+  projection, mLSTM's proj_down among them, and the MLPs' down_proj) start smaller, by sqrt(2L)."""
+  layers = 8
+  cfg = tiny_config(mixer, num_layers=layers, attn_ratio="3:1", init_std=0.02)
+  stds = {}
+  for init in ("normal", "rescale"):
+    params = nnx.to_pure_dict(init_params(cfg.replace(residual_init=init), 0))
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    stds[init] = {jax.tree_util.keystr(k): float(np.std(v)) for k, v in flat if v.ndim == 2}
+  outputs = [k for k in stds["normal"] if any(n in k for n in ("'o_proj'", "'proj_down'", "'down_proj'"))]
+  assert len(outputs) == 2 * layers
+  for k, normal in stds["normal"].items():
+    if normal == 0:  # zero-initialised (mLSTM's gates)
+      continue
+    ratio = stds["rescale"][k] / normal
+    expected = 1 / np.sqrt(2 * layers) if k in outputs else 1.0
+    assert abs(ratio - expected) < 0.15 * expected, (k, ratio)
+  with pytest.raises(ValueError, match="residual_init"):
+    cfg.replace(residual_init="zero")
 
 
 def test_make_packing():
