@@ -14,15 +14,15 @@ Sizes:
          and 32 x 8, weight 8).
   small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
          64, short convolutions on their q, k, v; each mixer's heads and expansions as at 340M,
-         widths scaled by 256 / 1024), byte
-         tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a step, 10.5M tokens (640 steps),
+         widths scaled by 256 / 1024), byte tokenizer (vocabulary 259), 1,024-byte rows, 16 rows
+         a step, 31.5M tokens (1,920 steps),
          lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
          default corpus for this size; any folder made by lineax_lm.experiments.corpus works) with
-         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of five
-         packed examples, 64 x 4, 64 x 8, 128 x 16, 256 x 32 and 512 x 64 (length x key-value
-         pairs), each queried value of loss weight 8, and key-value text documents, taking turns),
-         so 5.24M tokens of text as the text-only budget of 320 steps had; the recall scores then
-         measure recall learnt from those rows (docs/hybrid_study.md).
+         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of eight
+         packed examples, 64 x 4 and 64 x 8 twice each, 128 x 16 twice, 256 x 16 and 256 x 32
+         (length x key-value pairs), each queried value of loss weight 8), so 15.7M tokens of
+         text; every model learns MQAR from those rows after 650-950 steps, and the recall scores
+         measure how far it carries to other lengths and formats (docs/hybrid_study.md).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
@@ -94,14 +94,16 @@ SIZES = {
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
                  efficiency_lengths=(256,), recall_fraction=0.25, recall_mqar_shapes="32x4,32x8",
                  recall_mqar_loss_weight=8),
-    # Half the rows synthetic recall rows; an MQAR row packs Zoology's shapes from easy to the
-    # scored 512 x 64 (124 queries, weight 8: it weighs about as much as a text row of 1,024
-    # tokens); 640 steps keep the text rows of the 320-step text-only budget (5.24M tokens), so
-    # the LM metric reads as much text as before.
+    # Half the rows synthetic recall rows, each packing eight MQAR examples, most of them short and
+    # easy (what forms the lookup first; 104 queries of weight 8: about a text row's 1,024 tokens);
+    # 1,920 steps: a 24-layer model's MQAR loss drops only after 650-950 steps while the learning
+    # rate is still high (the Transformer last); 640 or 1,280 steps of cosine decay left the
+    # Transformer at chance (docs/hybrid_study.md).
     "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
-                  tokens=640 * 16 * 1024, lr=2e-3, attn_short_conv=True, corpus="smollm2_samples",
-                  recall_fraction=0.5,
-                  recall_mqar_shapes="64x4,64x8,128x16,256x32,512x64", recall_mqar_loss_weight=8,
+                  tokens=1920 * 16 * 1024, lr=2e-3, attn_short_conv=True, corpus="smollm2_samples",
+                  recall_fraction=0.5, recall_kinds="mqar",
+                  recall_mqar_shapes="64x4,64x4,64x8,64x8,128x16,128x16,256x16,256x32",
+                  recall_mqar_loss_weight=8,
                   mqar=((128, 16), (512, 16), (512, 64))),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",

@@ -86,4 +86,4 @@ def test_the_lm_config_file_takes_preset_overrides():
   m = ModelConfig.from_config(c.model)
   assert (m.mixer, m.hidden, m.attn_layers, c.train.steps) == ("gla", 2048, (7, 15, 23), 4000)
   cell = load_config_file(os.path.join(root, "configs", "hybrid_study.py") + ":small,hgrn,24:1")
-  assert sizes.placement(cell)["effective_ratio"] == "23:1" and cell.train.steps == 640
+  assert sizes.placement(cell)["effective_ratio"] == "23:1" and cell.train.steps == 1920
