@@ -11,9 +11,10 @@
 # Env (defaults in brackets):
 #   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
 #   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
-#   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] a results archive of
-#   an earlier call (below), unpacked into GRID_DIR first, for a fresh machine   GRID_ARGS [] more
-#   grid flags (--set ...)
+#   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] the finished cells
+#   of earlier calls, copied into GRID_DIR first (a fresh machine): a results archive (below) or a
+#   folder of the same layout (results/hybrid_small, the committed cells)   GRID_ARGS [] more grid
+#   flags (--set ...)
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
 # set: the log, tables.md, the plots and grid_results.tgz (every finished cell's result.json and
@@ -25,6 +26,10 @@ mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
   tar xzf "$RESULTS_IN" -C "$GRID_DIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
+elif [ -n "${RESULTS_IN:-}" ] && [ -d "$RESULTS_IN" ]; then
+  cp -rn "$RESULTS_IN"/. "$GRID_DIR"/ && echo "results of earlier calls: $RESULTS_IN"
+elif [ -n "${RESULTS_IN:-}" ]; then
+  echo "RESULTS_IN=$RESULTS_IN is neither a results archive nor a folder"; exit 2
 fi
 source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
