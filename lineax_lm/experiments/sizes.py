@@ -15,14 +15,14 @@ Sizes:
   small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
          64, short convolutions on their q, k, v; each mixer's heads and expansions as at 340M,
          widths scaled by 256 / 1024), byte tokenizer (vocabulary 259), 1,024-byte rows, 16 rows
-         a step, 31.5M tokens (1,920 steps),
-         lr 2e-3, on the SmolLM2 teacher samples shipped in corpora/smollm2_samples (the grid's
-         default corpus for this size; any folder made by lineax_lm.experiments.corpus works) with
-         half the rows synthetic in-context retrieval rows (`data.recall_mix`: MQAR rows of eight
-         packed examples, 64 x 4 and 64 x 8 twice each, 128 x 16 twice, 256 x 16 and 256 x 32
-         (length x key-value pairs), each queried value of loss weight 8), so 15.7M tokens of
-         text; every model learns MQAR from those rows after 650-950 steps, and the recall scores
-         measure how far it carries to other lengths and formats (docs/hybrid_study.md).
+         a step, 31.5M tokens (1,920 steps), lr 2e-3, on the SmolLM2 teacher samples shipped in
+         corpora/smollm2_samples (the grid's default corpus for this size; any folder made by
+         lineax_lm.experiments.corpus works) with half the rows synthetic in-context retrieval
+         rows (`data.recall_mix`: MQAR rows of eight packed examples, 64 x 4 and 64 x 8 twice
+         each, 128 x 16 twice, 256 x 16 and 256 x 32 (length x key-value pairs), each queried
+         value of loss weight 8), so 15.7M tokens of text; the models measured so far learn MQAR
+         from those rows at step 650-950, and the recall scores measure how far it carries to
+         other lengths and formats (docs/hybrid_study.md).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
