@@ -33,7 +33,8 @@ the tables from every result.json there:
   <out>/results.{md,csv,json}   every cell
   <out>/tables.md               the study's tables: held-out bits per byte, RULER mean, MQAR by
                                 mixer x ratio, and per-task RULER
-  <out>/recall_vs_attention.png, quality_vs_flops.png   (when matplotlib is installed)
+  <out>/recall_vs_attention.png, mqar_vs_attention.png, quality_vs_attention.png,
+        quality_vs_flops.png   (when matplotlib is installed)
 """
 from __future__ import annotations
 
@@ -370,6 +371,12 @@ def tables_markdown(results: list[dict]) -> str:
            "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
            "\n## MQAR mean (in-context recall of byte pairs; learnt from the data mix when it holds "
            "mqar rows)\n", _pivot(results, "mqar_mean")]
+  shapes = sorted({(m["seq_len"], m["num_kv_pairs"]) for r in results for m in r.get("mqar", ())})
+  for L, n in shapes:  # the mean hides which shapes a cell lost: the long, many-pair ones first
+    at_shape = [{**r, "mqar_at_shape": next((m["accuracy"] for m in r.get("mqar", ())
+                                             if (m["seq_len"], m["num_kv_pairs"]) == (L, n)), None)}
+                for r in results]
+    parts += [f"\n## MQAR at {L} tokens, {n} pairs\n", _pivot(at_shape, "mqar_at_shape")]
   lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   for L in lengths:
     parts += [f"\n## RULER-style mean at {L} tokens\n", _pivot(results, f"ruler_mean_{L}")]
@@ -398,22 +405,30 @@ def write_outputs(results: list[dict], out: str) -> str:
   return md
 
 
+# Metrics against the share of attention layers: (result key, axis label, file) for the claims.
+SHARE_PLOTS = (
+    ("ruler_mean", "RULER-style mean", "recall_vs_attention.png"),                   # claim 2
+    ("mqar_mean", "MQAR mean", "mqar_vs_attention.png"),                             # claim 2
+    ("heldout_bits_per_byte", "held-out bits per byte", "quality_vs_attention.png"),  # claim 1
+)
+
+
 def write_plots(results: list[dict], out: str) -> None:
-  """recall_vs_attention.png: RULER mean against the share of attention layers, one line per
-  mixer (the Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte
-  against training FLOPs."""
-  share, recall = "share of attention layers", "RULER-style mean"
-  rows = []
+  """SHARE_PLOTS: each metric against the share of attention layers, one line per mixer (the
+  Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte against
+  training FLOPs."""
+  share = "share of attention layers"
   transformer = [r for r in results if r["mixer"] == "transformer"]
-  for r in results:
-    if r["mixer"] != "transformer":
-      rows.append({"mixer": r["label"], share: r["attention_share"], recall: r.get("ruler_mean")})
-      rows += [{"mixer": r["label"], share: 1.0, recall: t.get("ruler_mean")} for t in transformer]
-  rows = list({(x["mixer"], x[share]): x for x in rows}.values())
-  if rows:
-    report.line_plot(rows, x=share, y=recall, group="mixer",
-                     path=os.path.join(out, "recall_vs_attention.png"),
-                     title="RULER-style mean vs share of attention layers")
+  for key, label, name in SHARE_PLOTS:
+    rows = []
+    for r in results:
+      if r["mixer"] != "transformer":
+        rows.append({"mixer": r["label"], share: r["attention_share"], label: r.get(key)})
+        rows += [{"mixer": r["label"], share: 1.0, label: t.get(key)} for t in transformer]
+    rows = list({(x["mixer"], x[share]): x for x in rows}.values())
+    if rows:
+      report.line_plot(rows, x=share, y=label, group="mixer", path=os.path.join(out, name),
+                       title=f"{label} vs share of attention layers")
   plt = report._pyplot()
   fig, ax = plt.subplots(figsize=(6.5, 4.5))
   for r in results:

@@ -26,7 +26,9 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   assert results[0]["attn_layers"] == [1] and results[1]["attn_layers"] == [0, 1]
   tables = open(os.path.join(out, "tables.md")).read()
   assert "| Gated DeltaNet | " in tables and "| mixer | 3:1 | Transformer |" in tables
-  assert os.path.exists(os.path.join(out, "recall_vs_attention.png"))
+  assert "## MQAR at 64 tokens, 4 pairs" in tables
+  for _, _, name in grid.SHARE_PLOTS:
+    assert os.path.exists(os.path.join(out, name)), name
   assert os.path.exists(os.path.join(out, "quality_vs_flops.png"))
 
   trained = []
