@@ -33,6 +33,8 @@ the tables from every result.json there:
   <out>/results.{md,csv,json}   every cell
   <out>/tables.md               the study's tables: held-out bits per byte, RULER mean, MQAR by
                                 mixer x ratio, and per-task RULER
+  <out>/claims.md               the study's three claims on these cells: numbers and verdicts
+                                (lineax_lm.experiments.claims)
   <out>/recall_vs_attention.png, mqar_vs_attention.png, quality_vs_attention.png,
         quality_vs_flops.png   (when matplotlib is installed)
 """
@@ -53,6 +55,7 @@ import time
 import ml_collections
 
 from lineax_lm.eval import report
+from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
 
 log = logging.getLogger("lineax_lm")
@@ -392,13 +395,15 @@ def tables_markdown(results: list[dict]) -> str:
 
 
 def write_outputs(results: list[dict], out: str) -> str:
-  """results.{md,csv,json}, tables.md and the plots; returns tables.md's text."""
+  """results.{md,csv,json}, tables.md, claims.md and the plots; returns tables.md's text."""
   os.makedirs(out, exist_ok=True)
   if results:
     report.write_rows(results, os.path.join(out, "results"), COLUMNS, "Hybrid-ratio study: every cell",
                       formats={"attention_share": "{:.3f}", "train_flops": "{:.3g}"})
   md = tables_markdown(results)
   report.write_atomically(os.path.join(out, "tables.md"), lambda f: f.write(md))
+  claims_md = claims.claims_markdown(results)
+  report.write_atomically(os.path.join(out, "claims.md"), lambda f: f.write(claims_md))
   from lineax_lm.extras import available
   if results and available("matplotlib"):
     write_plots(results, out)

@@ -27,6 +27,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   tables = open(os.path.join(out, "tables.md")).read()
   assert "| Gated DeltaNet | " in tables and "| mixer | 3:1 | Transformer |" in tables
   assert "## MQAR at 64 tokens, 4 pairs" in tables
+  assert "## 2. Recall rises with the share of attention" in open(os.path.join(out, "claims.md")).read()
   for _, _, name in grid.SHARE_PLOTS:
     assert os.path.exists(os.path.join(out, name)), name
   assert os.path.exists(os.path.join(out, "quality_vs_flops.png"))
