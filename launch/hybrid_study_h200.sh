@@ -5,11 +5,14 @@
 #
 #   bash launch/hybrid_study_h200.sh                   # rerun until it prints "grid complete"
 #   ONLY=gla,transformer PARALLEL=4 bash launch/hybrid_study_h200.sh
+#   RESULTS_IN=results/hybrid_small NEXT=4 PARALLEL=4 bash launch/hybrid_study_h200.sh  # a call
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
 # .whl/ with the wheels of what it lacks, launch/h200_env.sh).
 # Env (defaults in brackets):
 #   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
+#   NEXT [every unfinished cell] only the next NEXT unfinished cells: on a machine that is fresh
+#   for every call, as many as PARALLEL, so that none is left half-trained when the call ends
 #   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
 #   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] the finished cells
 #   of earlier calls, copied into GRID_DIR first (a fresh machine): a results archive (below) or a
@@ -17,8 +20,8 @@
 #   flags (--set ...)
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
-# set: the log, tables.md, the plots and grid_results.tgz (every finished cell's result.json and
-# metrics, the tables; give it back as RESULTS_IN on a fresh machine).
+# set: the log, tables.md, claims.md and grid_results.tgz (every finished cell's result.json and
+# metrics, the tables and plots; give it back as RESULTS_IN on a fresh machine).
 set -u
 GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_small}
 case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
@@ -35,17 +38,18 @@ source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
 # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
 run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \
-  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
+  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} ${NEXT:+--next "$NEXT"} \
+  --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
 if [ -n "${OUT:-}" ]; then
-  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md results.md \
+  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md results.md \
     results.csv results.json ./*.png ./cells/*/result.json ./cells/*/cell.log \
     ./cells/*/run/metrics.jsonl 2>/dev/null)
-  cp "$GRID_DIR"/tables.md "$GRID_DIR"/*.png "$OUT"/ 2>/dev/null
+  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive
 fi
 finished=$(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)
 echo "cells finished: $finished"
 if [ "$rc" -eq 0 ]; then
-  cat "$GRID_DIR/tables.md"; [ -z "${ONLY:-}" ] && echo "grid complete"
+  cat "$GRID_DIR/tables.md"; [ -z "${ONLY:-}${NEXT:-}" ] && echo "grid complete"
 else
   grep -E "Interrupted|Error|stopped" "$GRID_DIR/grid.log" | tail -n 8
   echo "not finished (rc=$rc): rerun the same command to resume"

@@ -455,9 +455,11 @@ def write_plots(results: list[dict], out: str) -> None:
 # ----------------------------------------------------------------------------- the grid
 def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = None, overrides=(),
              progress: bool = True, accelerator: bool | None = None, parallel: int = 1,
-             argv: list[str] | None = None) -> list[dict]:
+             argv: list[str] | None = None, next_cells: int | None = None) -> list[dict]:
   """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
   `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data).
+  `next_cells`: only the first that many unfinished cells (in the grid's order), e.g. as many as
+  one call of a machine with a time limit can finish (a fresh machine loses a half-trained cell).
   `parallel` > 1: each unfinished cell in a process of its own (`--only <cell>`, the rest of the
   command line `argv` unchanged), that many at a time (`lineax_lm.jobs`); its log in
   `cells/<cell>/cell.log`."""
@@ -474,6 +476,8 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   cells = build_cells(size_name, only, corpus, overrides, accelerator)
   for cell in build_cells(size_name, "", corpus, overrides, accelerator):   # every cell of the size
     set_aside_if_stale(out, cell)
+  if next_cells is not None:
+    cells = [c for c in cells if not finished(out, c)][:next_cells]
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),
                     [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())
                      for c in cells])
@@ -502,7 +506,7 @@ def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: i
   from lineax_lm import jobs
   from lineax_lm.train.trainer import Interrupted
   base = [sys.executable, "-m", "lineax_lm.experiments.grid"] + jobs.without_flags(
-      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--corpus"))
+      sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--corpus", "--next"))
   base += ["--corpus", corpus]              # the one the parent resolved (or made, for `tiny`)
   commands = {}
   for c in cells:
@@ -529,6 +533,8 @@ def main(argv=None) -> int:
                  "hgrn:pure,transformer; a bare mixer runs all its ratios)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                  help="a field of every cell's training config, e.g. train.tokens=2e6")
+  p.add_argument("--next", type=int, default=None, metavar="N", help="only the next N unfinished "
+                 "cells (after --only), e.g. what one time-limited call can finish")
   p.add_argument("--parallel", type=int, default=1, help="cells at a time, each in its own process "
                  "(they share the accelerator: a small cell is mostly compilation on the host)")
   p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
@@ -549,7 +555,7 @@ def main(argv=None) -> int:
   from lineax_lm.train.trainer import Interrupted
   try:
     run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides,
-             parallel=a.parallel, argv=argv)
+             parallel=a.parallel, argv=argv, next_cells=a.next)
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)
     return 1

@@ -168,3 +168,26 @@ def test_the_committed_small_cells_are_finished_cells_of_the_current_config():
   for cell in cells:
     assert grid.finished(out, cell), cell["name"]
   grid.check_one_budget(results)
+
+
+def test_next_runs_only_the_first_unfinished_cells(tmp_path, monkeypatch):
+  out = str(tmp_path / "g")
+  ran = []
+
+  def run_cell(cell, size, out_dir):  # a finished cell: its result.json under its fingerprint
+    ran.append(cell["name"])
+    os.makedirs(os.path.dirname(grid.result_path(out_dir, cell)), exist_ok=True)
+    with open(grid.result_path(out_dir, cell), "w") as f:
+      json.dump(dict(name=cell["name"], config_fingerprint=cell["config_fingerprint"]), f)
+    return dict(heldout_bits_per_byte=2.0)
+
+  monkeypatch.setattr(grid, "run_cell", run_cell)
+  monkeypatch.setattr(grid, "write_outputs", lambda results, out_dir: "")
+  args = dict(only="hgrn,gla:6:1", corpus=grid.default_corpus(grid.sizes_lib.get_size("small")),
+              progress=False, accelerator=False)
+  grid.run_grid("small", out, next_cells=2, **args)
+  assert ran == ["hgrn_24-1", "hgrn_12-1"]
+  grid.run_grid("small", out, next_cells=3, **args)
+  assert ran[2:] == ["hgrn_6-1", "hgrn_3-1", "hgrn_pure"]
+  grid.run_grid("small", out, next_cells=3, **args)
+  assert ran[5:] == ["gla_6-1"]
