@@ -11,7 +11,8 @@ The rules are deliberately simple, since the papers give no test:
      scored shape, on the MQAR mean and on the RULER-style mean (rho is left out below three
      cells); a metric that is 0 everywhere cannot tell.
   3. The best standalone mixer is not the best hybrid one: the best mixer at "pure" differs from
-     the best at 6:1 (and at 3:1), by bits per byte and by recall.
+     the best at 6:1 (the study's best 340M hybrid ratio; the best at 3:1 is shown beside it), by
+     bits per byte and by recall.
 Averages over mixers use only the mixers that have every cell compared, so a partial grid reads the
 claims on what it has, and says how many mixers that is.
 """
@@ -29,17 +30,26 @@ def _cells(results) -> dict:
   return {(r["mixer"], r["ratio"]): r for r in results}
 
 
+def mqar_shapes(results) -> list[tuple[int, int]]:
+  """The (seq_len, pairs) MQAR shapes scored in any of `results`, shortest and fewest first."""
+  return sorted({(m["seq_len"], m["num_kv_pairs"]) for r in results for m in r.get("mqar", ())})
+
+
+def mqar_accuracy(r, shape) -> float | None:
+  """A result's MQAR accuracy at `shape` (seq_len, pairs); None where it was not scored."""
+  return next((m["accuracy"] for m in r.get("mqar", ()) if (m["seq_len"], m["num_kv_pairs"]) == shape),
+              None)
+
+
 def _hardest_mqar(results):
-  """(seq_len, pairs) of the longest, most-pairs MQAR shape scored, or None."""
-  shapes = {(m["seq_len"], m["num_kv_pairs"]) for r in results for m in r.get("mqar", ())}
-  return max(shapes) if shapes else None
+  """The longest, most-pairs MQAR shape scored, or None."""
+  shapes = mqar_shapes(results)
+  return shapes[-1] if shapes else None
 
 
 def _value(r, metric):
-  if isinstance(metric, tuple):
-    return next((m["accuracy"] for m in r.get("mqar", ()) if (m["seq_len"], m["num_kv_pairs"]) == metric),
-                None)
-  return r.get(metric)
+  """metric: a result key, or an MQAR shape (seq_len, pairs)."""
+  return mqar_accuracy(r, metric) if isinstance(metric, tuple) else r.get(metric)
 
 
 def _complete_mixers(cells, ratios, metric) -> list[str]:

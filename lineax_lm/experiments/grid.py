@@ -374,11 +374,8 @@ def tables_markdown(results: list[dict]) -> str:
            "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
            "\n## MQAR mean (in-context recall of byte pairs; learnt from the data mix when it holds "
            "mqar rows)\n", _pivot(results, "mqar_mean")]
-  shapes = sorted({(m["seq_len"], m["num_kv_pairs"]) for r in results for m in r.get("mqar", ())})
-  for L, n in shapes:  # the mean hides which shapes a cell lost: the long, many-pair ones first
-    at_shape = [{**r, "mqar_at_shape": next((m["accuracy"] for m in r.get("mqar", ())
-                                             if (m["seq_len"], m["num_kv_pairs"]) == (L, n)), None)}
-                for r in results]
+  for L, n in claims.mqar_shapes(results):  # the mean hides which shapes a cell lost
+    at_shape = [{**r, "mqar_at_shape": claims.mqar_accuracy(r, (L, n))} for r in results]
     parts += [f"\n## MQAR at {L} tokens, {n} pairs\n", _pivot(at_shape, "mqar_at_shape")]
   lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   for L in lengths:
