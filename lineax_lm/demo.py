@@ -21,7 +21,7 @@ import jax
 
 from lineax_lm.extras import available
 from lineax_lm.models.hybrid import ModelConfig
-from lineax_lm.train.metrics import read_rows
+from lineax_lm.train.metrics import curve, read_rows
 from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
 NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated DeltaNet 3:1 hybrid",
@@ -31,12 +31,6 @@ NAMES = {"gdn": "Gated DeltaNet", "linear": "Linear attention", "hybrid": "Gated
 def load_quickstart():
   from lineax_lm.configs import quickstart
   return quickstart
-
-
-def curve(metrics, name):
-  """(steps, values) of scalar `name` in metrics.jsonl rows (lineax_lm.train.metrics.read_rows)."""
-  points = [(r["step"], r[name]) for r in metrics if name in r]
-  return [s for s, _ in points], [v for _, v in points]
 
 
 def plot_curves(rows, path, plt):

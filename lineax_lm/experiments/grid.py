@@ -36,7 +36,7 @@ the tables from every result.json there:
   <out>/claims.md               the study's three claims on these cells: numbers and verdicts
                                 (lineax_lm.experiments.claims)
   <out>/recall_vs_attention.png, mqar_vs_attention.png, quality_vs_attention.png,
-        quality_vs_flops.png   (when matplotlib is installed)
+        quality_vs_flops.png, training_curves.png   (when matplotlib is installed)
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ import ml_collections
 from lineax_lm.eval import report
 from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
+from lineax_lm.train import metrics as metrics_lib
 
 log = logging.getLogger("lineax_lm")
 
@@ -446,6 +447,44 @@ def write_plots(results: list[dict], out: str) -> None:
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(os.path.join(out, "quality_vs_flops.png"), dpi=120)
+  plt.close(fig)
+  write_training_curves(results, out, plt)
+
+
+def write_training_curves(results: list[dict], out: str, plt) -> None:
+  """training_curves.png: each cell's training loss against the step (its run/metrics.jsonl), a
+  panel per mixer with a line per ratio and the Transformer dashed in every panel. With a recall
+  mix the loss's sudden fall is where the cell learnt the lookup (MQAR's jump): the scores say
+  whether a cell recalls, the curves when it began to and how close a cell that did not came."""
+  def loss_curve(r):
+    return metrics_lib.curve(metrics_lib.read_rows(
+        os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss")
+  transformer = [r for r in results if r["mixer"] == "transformer"]
+  mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
+  if not mixers:
+    return
+  cols = min(3, len(mixers))
+  rows = -(-len(mixers) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
+                           sharex=True, sharey=True)
+  for ax, mixer in zip(axes.flat, mixers):
+    for r in sorted((r for r in results if r["mixer"] == mixer),
+                    key=lambda r: sizes_lib.RATIOS.index(r["ratio"])):
+      ax.plot(*loss_curve(r), label=r["ratio"], lw=1.2)
+    for r in transformer:
+      ax.plot(*loss_curve(r), label="Transformer", color="black", ls="--", lw=1)
+    ax.set_title(sizes_lib.label(mixer), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  for ax in axes.flat[len(mixers):]:
+    ax.set_visible(False)
+  for ax in axes[-1]:
+    ax.set_xlabel("step")
+  for ax in axes[:, 0]:
+    ax.set_ylabel("training loss")
+  fig.suptitle("Training loss by mixer and ratio")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "training_curves.png"), dpi=120)
   plt.close(fig)
 
 

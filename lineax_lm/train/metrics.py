@@ -49,6 +49,13 @@ def read_rows(path: str) -> list[dict]:
   return rows
 
 
+def curve(rows: list[dict], name: str) -> tuple[list, list]:
+  """(steps, values) of scalar `name` in metrics.jsonl `rows` (read_rows), leaving out the rows
+  that do not log it (a metric logged every eval_every steps among every-log_every ones)."""
+  points = [(r["step"], r[name]) for r in rows if name in r]
+  return [s for s, _ in points], [v for _, v in points]
+
+
 def drop_rows_after(path: str, step: int) -> int:
   """Removes the rows of metrics.jsonl `path` (a local file) past `step` (rewritten through a
   temporary file) and returns how many went. A run resumed from step `step` logs those steps again:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from lineax_lm import demo
-from lineax_lm.train.metrics import read_rows
+from lineax_lm.train.metrics import curve, read_rows
 
 
 def test_sigterm_ends_the_demo_not_one_model(monkeypatch, tmp_path, capsys):
@@ -46,8 +46,8 @@ def test_curves_plot_the_loss_and_recall_the_runs_logged(monkeypatch, tmp_path, 
   monkeypatch.setattr(demo, "train_and_evaluate", logged_run)
   demo.main(["--workdir", str(tmp_path), "--variants", "gdn,transformer"])
   metrics = read_rows(str(tmp_path / "transformer" / "metrics.jsonl"))
-  assert demo.curve(metrics, "loss") == ([50, 100, 150, 200], [3.4, 1.2, 0.3, 0.1])
-  assert demo.curve(metrics, "eval_accuracy") == ([100, 200], [0.6, 0.95])
+  assert curve(metrics, "loss") == ([50, 100, 150, 200], [3.4, 1.2, 0.3, 0.1])
+  assert curve(metrics, "eval_accuracy") == ([100, 200], [0.6, 0.95])
   with open(tmp_path / "transformer" / "metrics.jsonl", "a") as f:
     f.write('{"step": 250, "lo')  # a row the trainer is still writing (the notebook's live plot)
   assert read_rows(str(tmp_path / "transformer" / "metrics.jsonl")) == metrics

@@ -30,7 +30,8 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   assert "## 2. Recall rises with the share of attention" in open(os.path.join(out, "claims.md")).read()
   for _, _, name in grid.SHARE_PLOTS:
     assert os.path.exists(os.path.join(out, name)), name
-  assert os.path.exists(os.path.join(out, "quality_vs_flops.png"))
+  for name in ("quality_vs_flops.png", "training_curves.png"):
+    assert os.path.exists(os.path.join(out, name)), name
 
   trained = []
   real_train = grid.train_cell
