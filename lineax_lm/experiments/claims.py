@@ -9,7 +9,9 @@ The rules are deliberately simple, since the papers give no test:
      least RECALL_RISE above pure, and recall rises with the share across the cells (Spearman's rho
      of share and recall over every linear and hybrid cell above 0). Read on MQAR at its hardest
      scored shape, on the MQAR mean and on the RULER-style mean (rho is left out below three
-     cells); a metric that is 0 everywhere cannot tell.
+     cells); a metric that is 0 everywhere cannot tell. Beside the verdict, each metric averaged
+     at every ratio and the ratio where it peaks: the study's rise stops near 3:1, and a peak at a
+     smaller share says the rise is not steady.
   3. The best standalone mixer is not the best hybrid one: the best mixer at "pure" differs from
      the best at 6:1 (the study's best 340M hybrid ratio; the best at 3:1 is shown beside it), by
      bits per byte and by recall.
@@ -91,8 +93,11 @@ def claim_recall(results, metric) -> dict:
   mixers = _complete_mixers(cells, ("pure", "3:1"), metric)
   transformer = cells.get(("transformer", "transformer"))
   linear = [r for r in results if r["mixer"] != "transformer" and _value(r, metric) is not None]
+  every_ratio = _complete_mixers(cells, sizes_lib.RATIOS, metric)
   out = dict(metric=metric, mixers=mixers, pure=None, three=None, rho=None,
-             transformer=_value(transformer, metric) if transformer else None)
+             transformer=_value(transformer, metric) if transformer else None,
+             every_ratio=every_ratio,
+             by_ratio=_mean_by_ratio(cells, every_ratio, sizes_lib.RATIOS, metric) if every_ratio else None)
   if mixers:
     ends = _mean_by_ratio(cells, mixers, ("pure", "3:1"), metric)
     rho = _spearman([r["attention_share"] for r in linear], [_value(r, metric) for r in linear])
@@ -148,10 +153,21 @@ def claims_markdown(results: list[dict]) -> str:
   hardest = _hardest_mqar(results)
   metrics = ([(hardest, f"MQAR at {hardest[0]} tokens, {hardest[1]} pairs")] if hardest else []) + [
       ("mqar_mean", "MQAR mean"), ("ruler_mean", "RULER-style mean")]
+  curves = []  # the shape between the ends: where recall peaks says whether it rises "up to 3:1"
   for metric, name in metrics:
     c = claim_recall(results, metric)
     lines.append(f"| {name} | {_fmt(c.get('pure'))} | {_fmt(c.get('three'))} | {_fmt(c['transformer'])} "
                  f"| {_fmt(c['rho'])} | {c['verdict']} |")
+    if c["by_ratio"]:
+      values = c["by_ratio"]
+      highest = max(values, key=values.get) if np.ptp(list(values.values())) > 0 else "-"
+      curves.append(f"| {name} | " + " | ".join(_fmt(v) for v in values.values()) + f" | {highest} |")
+  if curves:
+    every_ratio = claim_recall(results, metrics[0][0])["every_ratio"]
+    lines += [f"\nAt every ratio, averaged over the mixers that have all five "
+              f"({', '.join(label(m) for m in every_ratio)}; a metric may have fewer):\n",
+              "| recall metric | " + " | ".join(sizes_lib.RATIOS) + " | highest at |",
+              "|---" * (len(sizes_lib.RATIOS) + 2) + "|", *curves]
   lines += ["\n(The study at 1.3B, RULER: pure about 0.26, 3:1 about 0.40, Transformer about 0.42.)\n",
             "## 3. The best standalone mixer is not the best hybrid one\n",
             "| metric | best at pure | best at 6:1 | best at 3:1 | verdict |", "|---|---|---|---|---|"]

@@ -1,5 +1,7 @@
 """The study's claims read off synthetic grids: each verdict follows its stated rule, and a partial
 grid says it cannot tell instead of guessing."""
+import pytest
+
 from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
 
@@ -43,6 +45,17 @@ def test_the_studys_own_picture_agrees_on_every_claim():
   assert "| MQAR at 512 tokens, 64 pairs | 0.200 | 0.700 | 0.900 |" in md
   assert "| held-out bits per byte | HGRN 2.200 (of 6) | HGRN-2 2.190 (of 6) |" in md
   assert md.count("**Verdict: agrees.**") == 1
+  assert "| MQAR at 512 tokens, 64 pairs | 0.283 | 0.367 | 0.450 | 0.700 | 0.200 | 3:1 |" in md
+  assert "| RULER-style mean | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | - |" in md
+
+
+def test_recall_that_peaks_below_3_to_1_says_where():
+  peak = {"24:1": 0.6, "12:1": 0.9, "6:1": 0.85, "3:1": 0.7, "pure": 0.02}  # the small grid's shape
+  results = grid(bpb=lambda m, q: 2.0, recall=lambda m, q: peak[q])
+  r = claims.claim_recall(results, (512, 64))
+  assert r["by_ratio"] == pytest.approx(peak)
+  assert r["verdict"] == "agrees (over 6 mixers)"  # the rule reads the ends, the table the shape
+  assert "| 0.600 | 0.900 | 0.850 | 0.700 | 0.020 | 12:1 |" in claims.claims_markdown(results)
 
 
 def test_quality_moving_with_the_ratio_disagrees():
