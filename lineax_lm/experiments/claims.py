@@ -153,7 +153,7 @@ def claims_markdown(results: list[dict]) -> str:
   hardest = _hardest_mqar(results)
   metrics = ([(hardest, f"MQAR at {hardest[0]} tokens, {hardest[1]} pairs")] if hardest else []) + [
       ("mqar_mean", "MQAR mean"), ("ruler_mean", "RULER-style mean")]
-  curves = []  # the shape between the ends: where recall peaks says whether it rises "up to 3:1"
+  curves, curve_mixers = [], None  # the shape between the ends: does recall rise "up to 3:1"?
   for metric, name in metrics:
     c = claim_recall(results, metric)
     lines.append(f"| {name} | {_fmt(c.get('pure'))} | {_fmt(c.get('three'))} | {_fmt(c['transformer'])} "
@@ -162,10 +162,10 @@ def claims_markdown(results: list[dict]) -> str:
       values = c["by_ratio"]
       highest = max(values, key=values.get) if np.ptp(list(values.values())) > 0 else "-"
       curves.append(f"| {name} | " + " | ".join(_fmt(v) for v in values.values()) + f" | {highest} |")
+      curve_mixers = curve_mixers or c["every_ratio"]
   if curves:
-    every_ratio = claim_recall(results, metrics[0][0])["every_ratio"]
     lines += [f"\nAt every ratio, averaged over the mixers that have all five "
-              f"({', '.join(label(m) for m in every_ratio)}; a metric may have fewer):\n",
+              f"({', '.join(label(m) for m in curve_mixers)}; a metric may have fewer):\n",
               "| recall metric | " + " | ".join(sizes_lib.RATIOS) + " | highest at |",
               "|---" * (len(sizes_lib.RATIOS) + 2) + "|", *curves]
   lines += ["\n(The study at 1.3B, RULER: pure about 0.26, 3:1 about 0.40, Transformer about 0.42.)\n",

@@ -455,24 +455,24 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
   """training_curves.png: each cell's training loss against the step (its run/metrics.jsonl), a
   panel per mixer with a line per ratio and the Transformer dashed in every panel. With a recall
   mix the loss's sudden fall is where the cell learnt the lookup (MQAR's jump): the scores say
-  whether a cell recalls, the curves when it began to and how close a cell that did not came."""
-  def loss_curve(r):
-    return metrics_lib.curve(metrics_lib.read_rows(
-        os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss")
+  whether a cell recalls, the curves when it began to and how close a cell that did not came.
+  `results` in the grid's order (load_results), so a panel's lines run from 24:1 to pure."""
   transformer = [r for r in results if r["mixer"] == "transformer"]
   mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
   if not mixers:
     return
+  loss = {r["name"]: metrics_lib.curve(metrics_lib.read_rows(
+      os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss") for r in results}
   cols = min(3, len(mixers))
   rows = -(-len(mixers) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
                            sharex=True, sharey=True)
   for ax, mixer in zip(axes.flat, mixers):
-    for r in sorted((r for r in results if r["mixer"] == mixer),
-                    key=lambda r: sizes_lib.RATIOS.index(r["ratio"])):
-      ax.plot(*loss_curve(r), label=r["ratio"], lw=1.2)
+    for r in results:
+      if r["mixer"] == mixer:
+        ax.plot(*loss[r["name"]], label=r["ratio"], lw=1.2)
     for r in transformer:
-      ax.plot(*loss_curve(r), label="Transformer", color="black", ls="--", lw=1)
+      ax.plot(*loss[r["name"]], label="Transformer", color="black", ls="--", lw=1)
     ax.set_title(sizes_lib.label(mixer), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
