@@ -7,7 +7,8 @@
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
   psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf
-  tokenizers:tokenizers safetensors:safetensors tqdm:tqdm"
+  tokenizers:tokenizers safetensors:safetensors tqdm:tqdm tree:dm_tree
+  more_itertools:more_itertools"
 
 install_missing_wheels() {
   local pair module wheel found missing=()
