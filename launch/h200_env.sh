@@ -1,14 +1,15 @@
 # Sourced by the GPU host's scripts (launch/distill_h200.sh, launch/hybrid_study_h200.sh,
 # benchmarks/h200.sh): the host has jax, flax, optax, orbax and torch but not the rest of what
 # lineax_lm imports, and no network. Each module it cannot import is installed into /tmp/site from
-# .whl/ (git-ignored: bring it along; Python 3.12 wheels, `pip download --only-binary=:all:
-# --python-version 3.12 --platform manylinux2014_x86_64 --no-deps NAME`).
+# .whl/ (git-ignored: bring it along; Python 3.12 wheels of the versions `make install` resolves,
+# `pip download --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64
+# --platform manylinux2014_x86_64 NAME==VERSION`: without the 2_28 tag pip falls back to an older
+# grain, 0.2.13, which imports dm-tree and more-itertools besides).
 #   install_missing_wheels [module:wheel ...]   the modules beyond LINEAX_MODULES (e.g. the tests')
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
   psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf
-  tokenizers:tokenizers safetensors:safetensors tqdm:tqdm tree:dm_tree
-  more_itertools:more_itertools"
+  tokenizers:tokenizers safetensors:safetensors tqdm:tqdm"
 
 install_missing_wheels() {
   local pair module wheel found missing=()
