@@ -470,7 +470,9 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
   for ax, mixer in zip(axes.flat, mixers):
     for r in results:
       if r["mixer"] == mixer:
-        ax.plot(*loss[r["name"]], label=r["ratio"], lw=1.2)
+        # A ratio keeps its colour in every panel, also where a mixer lacks some ratios.
+        ax.plot(*loss[r["name"]], label=r["ratio"], lw=1.2,
+                color=f"C{sizes_lib.RATIOS.index(r['ratio'])}")
     for r in transformer:
       ax.plot(*loss[r["name"]], label="Transformer", color="black", ls="--", lw=1)
     ax.set_title(sizes_lib.label(mixer), fontsize=10)
