@@ -433,22 +433,41 @@ def write_plots(results: list[dict], out: str) -> None:
       report.line_plot(rows, x=share, y=label, group="mixer", path=os.path.join(out, name),
                        title=f"{label} vs share of attention layers")
   plt = report._pyplot()
-  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  write_quality_vs_flops(results, out, plt)
+  write_training_curves(results, out, plt)
+
+
+def write_quality_vs_flops(results: list[dict], out: str, plt) -> None:
+  """quality_vs_flops.png: held-out bits per byte against training FLOPs, a colour per mixer (the
+  SHARE_PLOTS' colours: the same grid order) and a marker per ratio, the Transformer a black star.
+  Thirty-one labelled points would overlap: the legends name them instead."""
+  from matplotlib.lines import Line2D
+  mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
+  markers = dict(zip(sizes_lib.RATIOS, "osD^v"))
+  fig, ax = plt.subplots(figsize=(8.5, 4.5))
   for r in results:
     if r.get("heldout_bits_per_byte") is None:
       continue
-    ax.scatter(r["train_flops"], r["heldout_bits_per_byte"], s=25)
-    ax.annotate(r["name"], (r["train_flops"], r["heldout_bits_per_byte"]), fontsize=6,
-                xytext=(3, 3), textcoords="offset points")
-  ax.set_xscale("log")
+    if r["mixer"] == "transformer":
+      style = dict(color="black", marker="*", s=90)
+    else:
+      style = dict(color=f"C{mixers.index(r['mixer'])}", marker=markers[r["ratio"]], s=30)
+    ax.scatter(r["train_flops"], r["heldout_bits_per_byte"], **style)
+  point = lambda **kw: Line2D([], [], ls="", **kw)
+  by_mixer = [point(color=f"C{i}", marker="o", label=sizes_lib.label(m)) for i, m in enumerate(mixers)]
+  by_mixer.append(point(color="black", marker="*", markersize=10, label="Transformer"))
+  by_ratio = [point(color="gray", marker=markers[ratio], label=ratio) for ratio in sizes_lib.RATIOS]
+  ax.add_artist(ax.legend(handles=by_mixer, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)))
+  ax.legend(handles=by_ratio, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0), title="ratio",
+            title_fontsize=7)
   ax.set_xlabel("training FLOPs (forward + backward, estimated)")
   ax.set_ylabel("held-out bits per byte (lower is better)")
   ax.set_title("LM quality vs training compute")
   ax.grid(alpha=0.3)
   fig.tight_layout()
+  fig.subplots_adjust(right=0.8)  # room for the legends
   fig.savefig(os.path.join(out, "quality_vs_flops.png"), dpi=120)
   plt.close(fig)
-  write_training_curves(results, out, plt)
 
 
 def write_training_curves(results: list[dict], out: str, plt) -> None:
