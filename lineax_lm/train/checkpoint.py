@@ -191,18 +191,23 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
                   "before writing them): restoring it unverified", candidate, mngr.directory, CHECKSUMS)
     restored = None
     if problem in (None, UNVERIFIED):
+      # The saved metadata (one small read) tells a changed model before Orbax reads any array: a
+      # doomed restore of a large step from a bucket would read much of it before failing.
+      changed = _model_change(mngr, candidate, abstract_state, config, partial=params_only)
+      if changed:
+        raise CheckpointError(
+            f"checkpoint step {candidate} in {mngr.directory} does not fit this run: the model / "
+            f"config changed ({changed}); resume with the config saved in "
+            f"{mngr.directory / str(candidate) / 'config'}, or train in a new workdir")
       try:
         restored = _restore_items(mngr, candidate, abstract_state, data_iter, params_only)
       except Exception as e:  # orbax raises many types for torn or mismatched files
-        changed = _model_change(mngr, candidate, abstract_state, config)
-        if changed or problem is None:
+        first_line = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        if problem is None:
           raise CheckpointError(
-              f"checkpoint step {candidate} in {mngr.directory} does not fit this run: "
-              + (f"the model / config changed ({changed}); resume with the config saved in "
-                 f"{mngr.directory / str(candidate) / 'config'}, or train in a new workdir" if changed else
-                 f"its files match their checksums, so it is not damaged ({type(e).__name__}: "
-                 f"{str(e).splitlines()[0][:300]})")) from e
-        problem = f"it does not restore ({type(e).__name__}: {str(e).splitlines()[0][:300]})"
+              f"checkpoint step {candidate} in {mngr.directory} does not fit this run: its files "
+              f"match their checksums, so it is not damaged ({first_line})") from e
+        problem = f"it does not restore ({first_line})"
     if restored is not None:
       if damaged:
         log.warning("resuming from step %d, the newest intact checkpoint in %s (damaged: %s)",
@@ -292,10 +297,11 @@ def _dotted(path) -> str:
   return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
 
-def _model_change(mngr: Manager, step: int, abstract_state, config) -> str:
+def _model_change(mngr: Manager, step: int, abstract_state, config, partial: bool = False) -> str:
   """What differs between step `step`'s saved state and this run's ("" when every array path and
-  shape match, or the metadata is unreadable: then the failure is not a model change): the
-  config.model fields that changed (when `config` is given), then the first array that differs."""
+  shape match, or the metadata is unreadable: a restore then says whether the step is damaged):
+  the config.model fields that changed (when `config` is given), then the first array that
+  differs. partial: `abstract_state` is a subtree (params only); arrays it lacks do not count."""
   try:
     stored = mngr.item_metadata(step)["state"]
     was = {_dotted(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(stored)}
@@ -305,7 +311,7 @@ def _model_change(mngr: Manager, step: int, abstract_state, config) -> str:
   now = {_dotted(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(abstract_state)}
   arrays = [f"{k} is {'new' if k not in was else 'gone'}" if k not in was or k not in now else
             f"{k} has shape {was[k]} in the checkpoint, {now[k]} now"
-            for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+            for k in sorted(set(now) if partial else set(was) | set(now)) if was.get(k) != now.get(k)]
   if not arrays:
     return ""
   fields = []
