@@ -13,7 +13,8 @@
 #   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
 #   NEXT [every unfinished cell] only the next NEXT unfinished cells: on a machine that is fresh
 #   for every call, as many as PARALLEL and few enough to finish inside T_LIMIT (a `small` cell
-#   shares the GPU: three DeltaNet cells at once take 460 s, four 590 s; benchmarks/NOTES.md)
+#   shares the GPU: three DeltaNet cells at once took 460 s, four would take about 590 s;
+#   benchmarks/NOTES.md)
 #   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
 #   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] the finished cells
 #   of earlier calls, copied into GRID_DIR first (a fresh machine): a results archive (below) or a
