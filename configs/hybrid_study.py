@@ -23,7 +23,7 @@ def get_config(arg: str = "small,gated_deltanet,3:1"):
   if len(parts) != 3:
     raise ValueError(f"config argument must be 'size,mixer,ratio' or 'size,transformer'; got {arg!r}")
   size, mixer, ratio = parts
-  if (mixer, ratio) not in sizes.all_cells(sizes.SIZES["small"]):
+  if (mixer, ratio, 0) not in sizes.all_cells(sizes.SIZES["small"]):
     raise ValueError(f"no cell {mixer}:{ratio}; mixers {sizes.MIXERS}, ratios {sizes.RATIOS}")
   c = sizes.cell_config(sizes.get_size(size), mixer, ratio)
   c.data.update(grid.corpus_data(grid.default_corpus(sizes.get_size(size))))

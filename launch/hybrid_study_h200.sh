@@ -5,12 +5,15 @@
 #
 #   bash launch/hybrid_study_h200.sh                   # rerun until it prints "grid complete"
 #   ONLY=gla,transformer PARALLEL=4 bash launch/hybrid_study_h200.sh
-#   RESULTS_IN=results/hybrid_small NEXT=4 PARALLEL=4 bash launch/hybrid_study_h200.sh  # a call
+#   SIZE=small_recall RESULTS_IN=results/hybrid_small_recall NEXT=4 PARALLEL=4 \
+#     bash launch/hybrid_study_h200.sh                 # a call
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
 # .whl/ with the wheels of what it lacks, launch/h200_env.sh).
 # Env (defaults in brackets):
-#   GRID_DIR [/tmp/keep/hybrid_small] (must survive between calls)   SIZE [small]   ONLY [every cell]
+#   SIZE [small] a size or recipe of lineax_lm.experiments.sizes (small, small_recall,
+#   small_conv_recall, ...)   GRID_DIR [/tmp/keep/hybrid_$SIZE] (must survive between calls)
+#   ONLY [every cell] cells as the grid's --only (mixer[:ratio][@seed],...)
 #   NEXT [every unfinished cell] only the next NEXT unfinished cells: on a machine that is fresh
 #   for every call, as many as PARALLEL and few enough to finish inside T_LIMIT (a `small` cell
 #   shares the GPU: three DeltaNet cells at once took 460 s, four would take about 590 s;
@@ -18,14 +21,16 @@
 #   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
 #   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] the finished cells
 #   of earlier calls, copied into GRID_DIR first (a fresh machine): a results archive (below) or a
-#   folder of the same layout (results/hybrid_small, the committed cells)   GRID_ARGS [] more grid
+#   folder of the same layout (results/hybrid_<size>, the committed cells, with the positive
+#   control's control.json: the host has no teacher to score it)   GRID_ARGS [] more grid
 #   flags (--set ...)
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
 # set: the log, tables.md, claims.md and grid_results.tgz (every finished cell's result.json and
 # metrics, the tables and plots; give it back as RESULTS_IN on a fresh machine).
 set -u
-GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_small}
+SIZE=${SIZE:-small}
+GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_$SIZE}
 case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
 mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
@@ -40,10 +45,11 @@ source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
 # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
 run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \
-  --size "${SIZE:-small}" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} ${NEXT:+--next "$NEXT"} \
+  --size "$SIZE" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} ${NEXT:+--next "$NEXT"} \
   --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
 if [ -n "${OUT:-}" ]; then
   (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md results.md \
+    control.json \
     results.csv results.json ./*.png ./cells/*/result.json ./cells/*/cell.log \
     ./cells/*/run/metrics.jsonl 2>/dev/null)
   cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive

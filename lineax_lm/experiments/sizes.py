@@ -7,23 +7,34 @@ the study's depth of 24 layers the four hybrid ratios are four different models:
 attention layers (effective 23:1, 11:1, 7:1, 3:1; the periodic placement gives 24:1 and 12:1 one
 layer each).
 
+Recipes at the `small` size (docs/hybrid_study.md says which claim each choice could flip):
+  small              the papers' recipe: attention layers without short convolutions (each linear
+                     mixer with its own fla layer's: DeltaNet and Gated DeltaNet convolve q, k, v;
+                     HGRN, HGRN-2, GLA and RetNet do not), text only, recall scored zero-shot.
+  small_recall       `small` with half the training rows synthetic MQAR rows of loss weight 8
+                     (recall trained, reported apart from `small`).
+  small_conv_recall  `small_recall` with short convolutions on the attention layers' q, k and v:
+                     the ablation the committed results/hybrid_small_conv_recall cells ran.
+Each is 24 layers of width 256 (4 attention heads of 64; each mixer's heads and expansions as at
+340M, widths scaled by 256 / 1024), byte tokenizer (vocabulary 259), 1,024-byte rows, 16 rows a
+step, 31.5M tokens (1,920 steps), lr 2e-3, on the SmolLM2 teacher samples shipped in
+corpora/smollm2_samples (6.25 MB of text: about 1.6M SmolLM2 tokens, so a BPE tokenizer would see
+it twenty times in this budget; the byte level keeps it near five passes). The recall rows, where a
+recipe has them: MQAR rows of eight packed examples, 64 x 4 and 64 x 8 twice each, 128 x 16 twice,
+256 x 16 and 256 x 32 (length x key-value pairs), each queried value of loss weight 8, so 15.7M
+tokens of text. On one H200 (results/hybrid_small_conv_recall) 26 of the 31 conv-recall cells
+learnt MQAR from those rows (training loss below 2.0 by step 600-1,400); pure HGRN, HGRN-2,
+RetNet and GLA and HGRN 24:1 never did.
+Seeds: `small` and `small_recall` train Gated DeltaNet, HGRN-2, RetNet, GLA and the Transformer
+at seeds 0, 1 and 2 (`SEEDED_MIXERS`), HGRN and DeltaNet at seed 0; a cell of seed s > 0 is
+"<cell>_s<s>". RULER-style tasks are scored as RULER scores them (greedy generation,
+string_match_all) at lengths inside the 1,024-token training rows.
+
 Sizes:
   tiny   the test's: 2 layers of width 32, 8 rows of 64 tokens, 6 steps, the reference op backend, two
          cells (Gated DeltaNet 3:1 and the Transformer), a corpus sampled from the random tiny teacher,
          a quarter of the rows synthetic recall rows (MQAR rows of two packed examples, 32 x 4
          and 32 x 8, weight 8).
-  small  one H200 cell in a few minutes with compile: 24 layers of width 256 (4 attention heads of
-         64, short convolutions on their q, k, v; each mixer's heads and expansions as at 340M,
-         widths scaled by 256 / 1024), byte tokenizer (vocabulary 259), 1,024-byte rows, 16 rows
-         a step, 31.5M tokens (1,920 steps), lr 2e-3, on the SmolLM2 teacher samples shipped in
-         corpora/smollm2_samples (the grid's default corpus for this size; any folder made by
-         lineax_lm.experiments.corpus works) with half the rows synthetic in-context retrieval
-         rows (`data.recall_mix`: MQAR rows of eight packed examples, 64 x 4 and 64 x 8 twice
-         each, 128 x 16 twice, 256 x 16 and 256 x 32 (length x key-value pairs), each queried
-         value of loss weight 8), so 15.7M tokens of text. On one H200 (results/hybrid_small) 26 of
-         the 31 cells learn MQAR from those rows (training loss below 2.0 by step 600-1,400);
-         pure HGRN, HGRN-2, RetNet and GLA and HGRN 24:1 never do. The recall scores measure how
-         far it carries to other lengths and formats (docs/hybrid_study.md).
   340m   the papers' 340M presets (lineax_lm.models.presets: 24 layers, width 1024, vocabulary
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
@@ -44,6 +55,9 @@ LABELS = {"hgrn": "HGRN", "hgrn2": "HGRN-2", "retention": "RetNet", "gla": "GLA"
           "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "transformer": "Transformer"}
 RATIOS = ("24:1", "12:1", "6:1", "3:1", "pure")
 TRANSFORMER = ("transformer", "transformer")
+# The mixers a seeded recipe trains at every seed (the rest at seed 0 only): the study's two
+# recommended hybrids (HGRN-2, Gated DeltaNet), the two it ranks apart (RetNet, GLA), the baseline.
+SEEDED_MIXERS = ("gated_deltanet", "hgrn2", "retention", "gla", "transformer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +79,7 @@ class Size:
   # a key up, while a convolution hands it the previous token (the quickstart's finding)
   attn_short_conv: bool = False
   cells: tuple = ()                    # () : every mixer x ratio and the Transformer
+  seeds: tuple = (0,)                  # SEEDED_MIXERS' cells at each; every other cell at seed 0
   corpus: str = ""                     # the grid's default corpus: a folder of corpora/; "": none
   # data.recall_mix (lineax_lm.data.recall_mix): the share of training rows that are synthetic
   # in-context retrieval rows, their kinds and the key-value pairs of an MQAR row; 0: text only
@@ -79,13 +94,23 @@ class Size:
                         "vt", "cwe", "fwe")
   ruler_lengths: tuple = (1024, 2048, 4096)
   ruler_examples: int = 8
-  ruler_mode: str = "teacher_forced"
+  ruler_mode: str = "generate"         # RULER's scoring (lineax_lm.eval.ruler)
   mqar: tuple = ((512, 16), (512, 64))  # (sequence length, key-value pairs), on a test seed
   mqar_examples: int = 64
   eval_batch: int = 8
   eval_length: int | None = 8192       # every scored row padded to this (one compile); None: buckets
   efficiency_lengths: tuple = (4096, 32768)
 
+
+_SMALL = dict(num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16, tokens=1920 * 16 * 1024,
+              lr=2e-3, corpus="smollm2_samples", mqar=((128, 16), (512, 16), (512, 64)))
+# Half the rows synthetic recall rows, each packing eight MQAR examples, most of them short and
+# easy (what forms the lookup first; 104 queries of weight 8: about a text row's 1,024 tokens);
+# 1,920 steps: a 24-layer model's MQAR loss drops only after 650-950 steps while the learning rate
+# is still high (the Transformer last); 640 or 1,280 steps of cosine decay left the Transformer at
+# chance (docs/hybrid_study.md).
+_RECALL_ROWS = dict(recall_fraction=0.5, recall_kinds="mqar", recall_mqar_loss_weight=8,
+                    recall_mqar_shapes="64x4,64x4,64x8,64x8,128x16,128x16,256x16,256x32")
 
 SIZES = {
     "tiny": Size("tiny", num_layers=2, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
@@ -95,17 +120,15 @@ SIZES = {
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
                  efficiency_lengths=(256,), recall_fraction=0.25, recall_mqar_shapes="32x4,32x8",
                  recall_mqar_loss_weight=8),
-    # Half the rows synthetic recall rows, each packing eight MQAR examples, most of them short and
-    # easy (what forms the lookup first; 104 queries of weight 8: about a text row's 1,024 tokens);
-    # 1,920 steps: a 24-layer model's MQAR loss drops only after 650-950 steps while the learning
-    # rate is still high (the Transformer last); 640 or 1,280 steps of cosine decay left the
-    # Transformer at chance (docs/hybrid_study.md).
-    "small": Size("small", num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16,
-                  tokens=1920 * 16 * 1024, lr=2e-3, attn_short_conv=True, corpus="smollm2_samples",
-                  recall_fraction=0.5, recall_kinds="mqar",
-                  recall_mqar_shapes="64x4,64x4,64x8,64x8,128x16,128x16,256x16,256x32",
-                  recall_mqar_loss_weight=8,
-                  mqar=((128, 16), (512, 16), (512, 64))),
+    # The papers' recipe: attention without short convolutions, text only; RULER-style tasks
+    # generated and scored as RULER does, at lengths inside the training rows.
+    "small": Size("small", seeds=(0, 1, 2), **_SMALL, ruler_lengths=(512, 1024), ruler_examples=16),
+    "small_recall": Size("small_recall", seeds=(0, 1, 2), **_SMALL, **_RECALL_ROWS,
+                         ruler_lengths=(512, 1024), ruler_examples=16),
+    # The committed ablation (results/hybrid_small_conv_recall): short convolutions on attention,
+    # recall rows, RULER-style scored teacher-forced at 1-4k bytes.
+    "small_conv_recall": Size("small_conv_recall", attn_short_conv=True, **_SMALL, **_RECALL_ROWS,
+                              ruler_mode="teacher_forced"),
     "340m": Size("340m", num_layers=24, hidden=1024, heads=16, seq_len=2048, batch=256,
                  tokens=20_000_000_000, lr=3e-4, preset_scale="340m", tokenizer="",
                  ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
@@ -123,31 +146,42 @@ def get_size(name: str) -> Size:
   return SIZES[name]
 
 
-def all_cells(size: Size) -> list[tuple[str, str]]:
-  """(mixer, ratio) of every cell of the size, the Transformer last."""
-  if size.cells:
-    return list(size.cells)
-  return [(m, r) for m in MIXERS for r in RATIOS] + [TRANSFORMER]
+def all_cells(size: Size) -> list[tuple[str, str, int]]:
+  """(mixer, ratio, seed) of every cell of the size in the grid's order (a cell's seeds together),
+  the Transformer last."""
+  cells = list(size.cells) or [(m, r) for m in MIXERS for r in RATIOS] + [TRANSFORMER]
+  return [(m, r, s) for m, r in cells for s in (size.seeds if m in SEEDED_MIXERS else size.seeds[:1])]
 
 
-def cell_name(mixer: str, ratio: str) -> str:
-  """"gla_6-1", "hgrn2_pure", "transformer": a folder name."""
-  return "transformer" if mixer == "transformer" else f"{mixer}_{ratio.replace(':', '-')}"
+def cell_name(mixer: str, ratio: str, seed: int = 0) -> str:
+  """"gla_6-1", "hgrn2_pure", "transformer", "gla_6-1_s2" (seed 2): a folder name."""
+  name = "transformer" if mixer == "transformer" else f"{mixer}_{ratio.replace(':', '-')}"
+  return f"{name}_s{seed}" if seed else name
 
 
-def parse_cells(only: str, size: Size) -> list[tuple[str, str]]:
-  """`--only` "mixer:ratio,..." ("gla:6:1,hgrn:pure,transformer"; a bare mixer: all its ratios)
-  -> the cells of the size it names, in grid order."""
+def cell_flag(mixer: str, ratio: str, seed: int = 0) -> str:
+  """The `--only` item that names exactly one cell ("gla:6:1@2", "transformer")."""
+  item = mixer if mixer == "transformer" else f"{mixer}:{ratio}"
+  return f"{item}@{seed}"
+
+
+def parse_cells(only: str, size: Size) -> list[tuple[str, str, int]]:
+  """`--only` "mixer[:ratio][@seed],..." ("gla:6:1,hgrn:pure,transformer@1"; a bare mixer: all
+  its ratios; no seed: all its seeds) -> the cells of the size it names, in grid order."""
   cells = all_cells(size)
   if not only:
     return cells
   wanted = set()
   for item in filter(None, (s.strip() for s in only.split(","))):
-    mixer, _, ratio = item.partition(":")
-    match = [c for c in cells if c[0] == mixer and (not ratio or c[1] == ratio)]
+    spec, at, seed = item.partition("@")
+    mixer, _, ratio = spec.partition(":")
+    if at and not seed.isdigit():
+      raise ValueError(f"`--only`: {item!r}: the seed after '@' must be an integer")
+    match = [c for c in cells if c[0] == mixer and (not ratio or c[1] == ratio)
+             and (not at or c[2] == int(seed))]
     if not match:
       raise ValueError(f"`--only`: {item!r} names no cell of size {size.name!r}; cells are "
-                       f"{', '.join(m if m == 'transformer' else f'{m}:{r}' for m, r in cells)}")
+                       f"{', '.join(cell_flag(*c) for c in cells)}")
     wanted.update(match)
   return [c for c in cells if c in wanted]
 
@@ -168,11 +202,14 @@ def small_mlp_hidden(mixer: str, hidden: int) -> int | None:
   return None if width is None else max(128, int(width * hidden / 1024) // 128 * 128)
 
 
-def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True) -> ml_collections.ConfigDict:
+def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True,
+                seed: int = 0) -> ml_collections.ConfigDict:
   """The training config of one cell (lineax_lm.train.config.lm_config); data paths are left to
-  the caller (`--set data.paths=...` or the grid's corpus)."""
+  the caller (`--set data.paths=...` or the grid's corpus). `seed` seeds the initialisation and
+  the data order."""
   transformer = mixer == "transformer"
   c = lm_config(tokens=size.tokens)
+  c.seed = seed
   if size.preset_scale:
     c.model.preset = f"transformer_{size.preset_scale}" if transformer else f"{mixer}_{size.preset_scale}"
     if not transformer:

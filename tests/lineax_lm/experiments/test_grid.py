@@ -66,30 +66,30 @@ def test_a_signal_stops_the_grid_before_the_result(tmp_path, monkeypatch):
 
 
 def test_overrides_set_cell_fields():
-  cells = grid.build_cells("small", "gla:6:1", overrides=["train.tokens=1.6384e6", "data.paths=/x/*.jsonl",
+  cells = grid.build_cells("small", "gla:6:1@0", overrides=["train.tokens=1.6384e6", "data.paths=/x/*.jsonl",
                                                           "train.lr=1e-3"], accelerator=False)
   (cell,) = cells
   assert cell["config"].train.steps == 100 and cell["config"].data.paths == "/x/*.jsonl"
   assert cell["config"].train.lr == 1e-3 and cell["effective_ratio"] == "7:1"
   with pytest.raises(ValueError, match="no field"):
-    grid.build_cells("small", "gla:6:1", overrides=["train.nope=1"], accelerator=False)
+    grid.build_cells("small", "gla:6:1@0", overrides=["train.nope=1"], accelerator=False)
 
 
 def test_fingerprint_follows_what_a_cell_computes():
-  (cell,) = grid.build_cells("small", "gla:6:1", accelerator=False)
+  (cell,) = grid.build_cells("small", "gla:6:1@0", accelerator=False)
   fp = cell["config_fingerprint"]
-  same = grid.build_cells("small", "gla:6:1", overrides=["train.log_every=7", "data.num_threads=1"],
+  same = grid.build_cells("small", "gla:6:1@0", overrides=["train.log_every=7", "data.num_threads=1"],
                           accelerator=False)[0]
   assert same["config_fingerprint"] == fp                      # logging and I/O knobs do not count
   moved = cell["config"].copy_and_resolve_references()
   moved.data.paths = ",".join("/elsewhere/" + p.rsplit("/", 1)[1] for p in moved.data.paths.split(","))
   assert grid.config_fingerprint(moved, grid.sizes_lib.get_size("small")) == fp  # a copy of the corpus
   for change in ("data.recall_mix.fraction=0.1", "train.tokens=1.6384e6", "train.lr=1e-3"):
-    other = grid.build_cells("small", "gla:6:1", overrides=[change], accelerator=False)[0]
+    other = grid.build_cells("small", "gla:6:1@0", overrides=[change], accelerator=False)[0]
     assert other["config_fingerprint"] != fp
     assert other["budget_fingerprint"] != cell["budget_fingerprint"]
-  cells = grid.build_cells("small", "gla,transformer", accelerator=False)
-  assert len({c["config_fingerprint"] for c in cells}) == len(cells) == 6
+  cells = grid.build_cells("small", "gla,transformer", accelerator=False)  # three seeds each
+  assert len({c["config_fingerprint"] for c in cells}) == len(cells) == 18
   assert len({c["budget_fingerprint"] for c in cells}) == 1     # one grid, one budget
 
 
@@ -143,10 +143,22 @@ def test_tables_order_mixers_and_ratios_as_the_study_does():
   assert "| GLA | 2.300 | - | 2.000 | - |" in table
 
 
+def test_the_recipes_differ_in_attention_convolutions_and_recall_rows_only():
+  def cell(size):
+    (c,) = grid.build_cells(size, "gla:6:1@0", accelerator=True)
+    return c["config"]
+  small, recall, conv = cell("small"), cell("small_recall"), cell("small_conv_recall")
+  assert not small.model.attn_short_conv and small.data.recall_mix.fraction == 0
+  assert not recall.model.attn_short_conv and recall.data.recall_mix.fraction == 0.5
+  assert conv.model.attn_short_conv and conv.data.recall_mix.to_dict() == recall.data.recall_mix.to_dict()
+  recall.model.attn_short_conv = True
+  assert recall.to_dict() == conv.to_dict()
+
+
 def test_small_cells_score_heldout_text_only():
   import gzip
   from lineax_lm.data.pipeline import make_source
-  (cell,) = grid.build_cells("small", "hgrn:3:1", accelerator=False)
+  (cell,) = grid.build_cells("small_recall", "hgrn:3:1", accelerator=False)
   assert cell["config"].data.recall_mix.fraction > 0              # training mixes recall rows in
   docs = make_source(grid.heldout_config(cell["config"]), seed=0)  # what bits per byte scores
   with gzip.open(cell["config"].data.heldout_paths, "rt") as f:
@@ -155,16 +167,15 @@ def test_small_cells_score_heldout_text_only():
 
 
 def test_the_committed_small_cells_are_finished_cells_of_the_current_config():
-  """results/hybrid_small holds the cells the H200 has run, in the grid's layout, and the next call
+  """results/hybrid_small_conv_recall holds the cells the H200 has run, in the grid's layout, and the next call
   resumes from them (launch/hybrid_study_h200.sh, RESULTS_IN): a change to a cell's config, the
   size or their defaults (any field added) changes the fingerprints, and the grid would set every
   committed cell aside and run it again. Such a change fails here first."""
-  out = os.path.join(os.path.dirname(__file__), "..", "..", "..", "results", "hybrid_small")
+  out = os.path.join(os.path.dirname(__file__), "..", "..", "..", "results", "hybrid_small_conv_recall")
   results = grid.load_results(out)
   assert results, out
-  names = ",".join(r["mixer"] if r["mixer"] == "transformer" else f"{r['mixer']}:{r['ratio']}"
-                   for r in results)
-  cells = grid.build_cells("small", names, accelerator=True)  # as on the H200
+  names = ",".join(grid.sizes_lib.cell_flag(r["mixer"], r["ratio"], r["seed"]) for r in results)
+  cells = grid.build_cells("small_conv_recall", names, accelerator=True)  # as on the H200
   assert [c["name"] for c in cells] == [r["name"] for r in results]
   for cell in cells:
     assert grid.finished(out, cell), cell["name"]
@@ -191,4 +202,4 @@ def test_next_runs_only_the_first_unfinished_cells(tmp_path, monkeypatch):
   grid.run_grid("small", out, next_cells=3, **args)
   assert ran[2:] == ["hgrn_6-1", "hgrn_3-1", "hgrn_pure"]
   grid.run_grid("small", out, next_cells=3, **args)
-  assert ran[5:] == ["gla_6-1"]
+  assert ran[5:] == ["gla_6-1", "gla_6-1_s1", "gla_6-1_s2"]

@@ -63,11 +63,18 @@ def test_an_lm_config_names_a_preset_and_a_token_budget():
 def test_grid_cells_and_only():
   small = sizes.get_size("small")
   cells = sizes.all_cells(small)
-  assert len(cells) == 31 and cells[-1] == sizes.TRANSFORMER
-  assert sizes.parse_cells("gla:6:1,transformer,hgrn", small) == [
-      ("hgrn", r) for r in sizes.RATIOS] + [("gla", "6:1"), sizes.TRANSFORMER]
-  with pytest.raises(ValueError, match="names no cell"):
-    sizes.parse_cells("gla:5:1", small)
+  # the seeded mixers (GLA, RetNet, HGRN-2, Gated DeltaNet, the Transformer) at three seeds
+  assert len(cells) == 2 * 5 + 4 * 5 * 3 + 3 and cells[-3:] == [(*sizes.TRANSFORMER, s) for s in (0, 1, 2)]
+  assert len(sizes.all_cells(sizes.get_size("small_conv_recall"))) == 31
+  assert sizes.parse_cells("gla:6:1,transformer@1,hgrn", small) == [
+      ("hgrn", r, 0) for r in sizes.RATIOS] + [("gla", "6:1", s) for s in (0, 1, 2)] + [
+          (*sizes.TRANSFORMER, 1)]
+  assert [sizes.cell_name(*c) for c in sizes.parse_cells("gla:6:1@2,transformer@0", small)] == [
+      "gla_6-1_s2", "transformer"]
+  for bad in ("gla:5:1", "hgrn:pure@1", "gla@x"):
+    with pytest.raises(ValueError, match="names no cell|must be an integer"):
+      sizes.parse_cells(bad, small)
+  assert sizes.cell_config(small, "gla", "6:1", seed=2).seed == 2
   c = sizes.cell_config(small, "hgrn2", "12:1", accelerator=True)
   assert sizes.placement(c) == dict(attn_layers=[11, 23], attention_share=2 / 24, effective_ratio="11:1")
   m = ModelConfig.from_config(c.model)
