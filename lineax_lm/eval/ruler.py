@@ -228,13 +228,19 @@ def score_predictions(examples: Sequence[Example], predictions: Sequence[str]) -
   return float(np.mean([string_match_all(p, e.answers) for e, p in zip(examples, predictions)]))
 
 
-def predict(model, tokenizer, examples: Sequence[Example], batch_size: int = 8) -> list[str]:
-  """Greedy generations (cut at the first newline) for examples of one length."""
-  new = max(len(e.answer_ids) for e in examples) + 8
+def predict(model, tokenizer, examples: Sequence[Example], batch_size: int = 8,
+            max_new_tokens: int | None = None) -> list[str]:
+  """Greedy generations (cut at the first newline) for examples of one length. Every group is
+  `batch_size` prompts (the last one filled up with copies) and generates `max_new_tokens` (None:
+  the longest answer + 8), so one compiled program serves every group and, given one
+  `max_new_tokens`, every task of the length."""
+  new = max_new_tokens or max(len(e.answer_ids) for e in examples) + 8
+  prompts = np.stack([e.prompt_ids for e in examples])
   out = []
   for s in range(0, len(examples), batch_size):
-    group = examples[s:s + batch_size]
-    gen = greedy_generate(model, np.stack([e.prompt_ids for e in group]), new)
+    group = prompts[s:s + batch_size]
+    filled = np.concatenate([group, np.repeat(group[-1:], batch_size - len(group), axis=0)])
+    gen = greedy_generate(model, filled, new)[:len(group)]
     out.extend(cut_at_stop(tokenizer.decode(g.tolist()), ("\n",)) for g in gen)
   return out
 
@@ -263,23 +269,28 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
   if num_examples < 1:
     raise ValueError(f"`num_examples` must be >= 1; got {num_examples}")
   scorer = as_scorer(model, batch_size) if mode == "teacher_forced" else None
-  rows = []
-  for task in resolve_tasks(tasks):
-    for L in lengths:
-      row = dict(task=task, length=L, mode=mode, num_examples=num_examples, accuracy=None)
+  rows = {}
+  for L in lengths:
+    examples = {}
+    for task in resolve_tasks(tasks):
       try:
-        examples = make_examples(task, tokenizer, L, num_examples, seed, corpus)
+        examples[task] = make_examples(task, tokenizer, L, num_examples, seed, corpus)
       except TooShort:            # e.g. four UUID needles in 512 byte tokens: reported as "-"
-        rows.append(row)
-        continue
-      if mode == "generate":
-        row["accuracy"] = score_predictions(examples, predict(model, tokenizer, examples, batch_size))
+        examples[task] = None
+    # one generation length for every task of L: one compiled program per length
+    new = max((len(e.answer_ids) for ex in examples.values() if ex for e in ex), default=0) + 8
+    for task, ex in examples.items():
+      row = dict(task=task, length=L, mode=mode, num_examples=num_examples, accuracy=None)
+      if ex is None:
+        pass
+      elif mode == "generate":
+        row["accuracy"] = score_predictions(ex, predict(model, tokenizer, ex, batch_size, new))
       else:
-        res = score_pairs(scorer, [forced_pair(tokenizer, e) for e in examples])
+        res = score_pairs(scorer, [forced_pair(tokenizer, e) for e in ex])
         row["accuracy"] = float(np.mean([g for _, g in res]))
         row["answer_logprob"] = float(np.mean([ll for ll, _ in res]))
-      rows.append(row)
-  return rows
+      rows[task, L] = row
+  return [rows[task, L] for task in resolve_tasks(tasks) for L in lengths]
 
 
 def ruler_means(rows: Sequence[dict]) -> dict:

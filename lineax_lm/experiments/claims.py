@@ -264,7 +264,7 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
   lines = ["# The study's claims on this grid\n",
            f"{len(results)} cells (seeds {', '.join(map(str, seeds)) or '-'}). The rules are "
            "`lineax_lm.experiments.claims`' docstring, fixed before these runs; intervals are 95% "
-           f"(bootstrap, {BOOTSTRAP} resamples). The claims are {SOURCE}'s.\n"]
+           f"(bootstrap, {BOOTSTRAP} resamples). The claims are those of {SOURCE}.\n"]
   if control:
     lines.append(f"Positive control: {control.get('name', 'control')} ({control.get('description', '')}).\n")
   q = claim_quality(results)
@@ -291,8 +291,8 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
     by = c["by_ratio"] or {}
     ctrl = ", ".join(f"{k} {v:.3f}" for k, v in c["controls"].items()) or "-"
     lines.append(f"| {name} | " + " | ".join(_fmt(by.get(r)) for r in HYBRID_RATIOS)
-                 + f" | {_fmt(c.get('pure'))} | {_fmt(c['transformer'])} | {ctrl} | {_fmt(c['rho'])} "
-                 f"{_fmt_bounds(c['rho_bounds'])} | {c['verdict']} |")
+                 + f" | {_fmt(c.get('pure'))} | {_fmt(c['transformer'])} | {ctrl} | {_fmt(c['rho'])}"
+                 + (f" {_fmt_bounds(c['rho_bounds'])}" if c["rho_bounds"] else "") + f" | {c['verdict']} |")
   lines += ["\n## 3. The best standalone mixer is not the best hybrid one\n",
             f"Rule: the best mixer at pure differs from the best at 6:1 in at least {CONFIDENCE:.0%} "
             f"of the bootstrap resamples (the same in {CONFIDENCE:.0%}: disagrees), with at least "

@@ -166,16 +166,17 @@ def test_small_cells_score_heldout_text_only():
   assert [docs[i] for i in range(len(docs))] == heldout and len(heldout) == 24
 
 
-def test_the_committed_small_cells_are_finished_cells_of_the_current_config():
-  """results/hybrid_small_conv_recall holds the cells the H200 has run, in the grid's layout, and the next call
+@pytest.mark.parametrize("size", ["small_conv_recall", "small_recall"])
+def test_the_committed_small_cells_are_finished_cells_of_the_current_config(size):
+  """results/hybrid_<size> holds the cells the H200 has run, in the grid's layout, and the next call
   resumes from them (launch/hybrid_study_h200.sh, RESULTS_IN): a change to a cell's config, the
   size or their defaults (any field added) changes the fingerprints, and the grid would set every
   committed cell aside and run it again. Such a change fails here first."""
-  out = os.path.join(os.path.dirname(__file__), "..", "..", "..", "results", "hybrid_small_conv_recall")
+  out = os.path.join(os.path.dirname(__file__), "..", "..", "..", "results", f"hybrid_{size}")
   results = grid.load_results(out)
   assert results, out
   names = ",".join(grid.sizes_lib.cell_flag(r["mixer"], r["ratio"], r["seed"]) for r in results)
-  cells = grid.build_cells("small_conv_recall", names, accelerator=True)  # as on the H200
+  cells = grid.build_cells(size, names, accelerator=True)  # as on the H200
   assert [c["name"] for c in cells] == [r["name"] for r in results]
   for cell in cells:
     assert grid.finished(out, cell), cell["name"]
