@@ -233,8 +233,6 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
                      f"({', '.join(FLA_MODEL_TYPES)})")
   fla_type = FLA_TYPES[model_type]
   f = _Fields(meta, fla_type, file)
-  for name, check in {**SHARED_CHECKS, **fla_type.checks}.items():
-    f.check(name, check)
   hidden, layers = f.shared("hidden_size"), f.shared("num_hidden_layers")
   ratio = f.shared("hidden_ratio") or 4  # fla's GatedMLP: 4 when None
   mlp = f.shared("intermediate_size") or mlp_width(hidden, ratio)
@@ -255,7 +253,8 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
     if attn is not None:
       spec = _attention_spec(attn, file)
       fields.update(attn_layers=tuple(spec["layers"]), **_attention_fields(spec))
-  f.shared("fuse_norm")
+  for name, check in {**SHARED_CHECKS, **fla_type.checks}.items():  # after the values they read
+    f.check(name, check)
   norm_name = fla_type.output_norm(f.read | {"fuse_norm": f.shared("fuse_norm")})
   for name in fla_type.ignored:
     f.get(name)
@@ -473,15 +472,46 @@ class _Weights:
                        f"floating point ({', '.join(FLOAT_DTYPES)})")
     if hasattr(value, "detach"):  # a torch tensor (.bin)
       return value.detach().float().numpy()
-    return np.asarray(jnp.asarray(value, jnp.float32))
+    return value.astype(np.float32)
 
 
 def _read_safetensors(data: bytes, path) -> dict:
-  from safetensors.flax import load
+  """{name: numpy array} of a safetensors file's bytes (bfloat16 through ml_dtypes), raising
+  naming `path` (and the tensor) on a truncated or malformed file."""
+  import ml_dtypes
+  dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+            "BOOL": np.bool_}
+  size = int.from_bytes(data[:8], "little") if len(data) >= 8 else None
+  if size is None or 8 + size > len(data):
+    raise ValueError(f"{path}: not a readable safetensors file (truncated: its header runs past "
+                     f"the end of the file's {len(data)} bytes)")
   try:
-    return load(data)
-  except Exception as e:  # safetensors' own error type carries the reason (truncated, bad header)
-    raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+    header = json.loads(data[8:8 + size])
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not a readable safetensors file (its header is not JSON: {e})") from e
+  header.pop("__metadata__", None)
+  body = memoryview(data)[8 + size:]
+  tensors = {}
+  for name, info in header.items():
+    try:
+      start, end = info["data_offsets"]
+      count = int(np.prod(info["shape"], dtype=np.int64))
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"{path}: not a readable safetensors file (tensor {name!r} has a malformed "
+                       f"header entry {info!r})") from e
+    if end > len(body):
+      raise ValueError(f"{path}: not a readable safetensors file (truncated: tensor {name!r} ends "
+                       f"at byte {end} of the data, which has {len(body)})")
+    if info["dtype"] not in dtypes:
+      raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; fla weights are "
+                       f"floating point ({', '.join(FLOAT_DTYPES)})")
+    dtype = np.dtype(dtypes[info["dtype"]])
+    if end - start != count * dtype.itemsize:
+      raise ValueError(f"{path}: not a readable safetensors file (tensor {name!r} has "
+                       f"{end - start} bytes for shape {info['shape']} of {info['dtype']})")
+    tensors[name] = np.frombuffer(body[start:end], dtype).reshape(info["shape"])
+  return tensors
 
 
 def _read_bin(data: bytes, path) -> dict:
