@@ -215,8 +215,10 @@ def main():
       continue
     try:
       meta = make_fixture(name, dict(fields), args.out, "cuda", command)
-      print(f"{name}: written (smallest top-2 logit gap of the greedy steps "
-            f"{meta['min_greedy_margin']:.2e})", flush=True)
+      gap = meta["min_greedy_margin"]
+      print(f"{name}: written (smallest top-2 logit gap of the greedy steps {gap:.2e}"
+            + ("; below 1e-3, float32 rounding may pick the other token)" if gap < 1e-3 else ")"),
+            flush=True)
     except Exception as e:  # one type's failure must not cost the others' fixtures
       failed.append(name)
       print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)

@@ -261,8 +261,8 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
   unread = f.unread()
   if unread:
     raise ValueError(f"{file}: fla option(s) {unread} are unknown to lineax_lm's reader of "
-                     f"model_type {model_type!r}; an option it does not know could change the "
-                     "model, so it reads none")
+                     f"model_type {model_type!r}; an option it does not know could change what the "
+                     "model computes, so the import stops")
   return ModelConfig(**{**fields, **overrides}), norm_name
 
 
