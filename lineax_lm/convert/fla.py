@@ -156,11 +156,13 @@ FLA_TYPES = {
     "linear_attn": FlaType(
         "linear_attn", "LinearAttentionForCausalLM",
         options=(("num_heads", "num_heads", 4), ("expand_k", "expand_k", 1.0),
-                 ("expand_v", "expand_v", 1.0), ("feature_map", "feature_map", "elementwise_product"),
-                 ("norm_feature_map", "normalize", False)),
-        fixed=dict(use_short_conv=False),
+                 ("expand_v", "expand_v", 1.0), ("feature_map", "feature_map", "elementwise_product")),
+        fixed=dict(use_short_conv=False, normalize=False),
+        # norm_feature_map: fla's decode carries the normalizer's running key sum in its cache,
+        # lineax_lm's restarts it, so generation would differ from fla's
         checks=dict(num_kv_heads=_heads_or_none(), tie_feature_map_qk=_equal(False),
-                    norm_q=_equal(False), norm_k=_equal(False), **_AFFINE),
+                    norm_q=_equal(False), norm_k=_equal(False), norm_feature_map=_equal(False),
+                    **_AFFINE),
         output_norm=lambda fields: "norm"),
     "transformer": FlaType(
         None, "TransformerForCausalLM",
