@@ -412,6 +412,15 @@ def to_fla_layout(value: np.ndarray, layout: str) -> np.ndarray:
   return value
 
 
+def fla_shape(shape: tuple, layout: str) -> tuple:
+  """The shape fla gives a parameter of `shape` in `layout`."""
+  if layout == "linear":
+    return tuple(reversed(shape))
+  if layout == "conv":
+    return (shape[1], 1, shape[0])
+  return tuple(shape)
+
+
 def from_fla_layout(value: np.ndarray, layout: str) -> np.ndarray:
   if layout == "linear":
     return value.T
@@ -423,8 +432,9 @@ def from_fla_layout(value: np.ndarray, layout: str) -> np.ndarray:
 
 
 class _Weights:
-  """The tensors of an fla folder: {name: file} from the single file or the index, each file read
-  once, on the first request of one of its tensors."""
+  """The tensors of an fla folder: `files` {name: file} of the single file or of every shard the
+  index lists (a tensor a shard holds beyond the index included, so that it is mapped or refused
+  like any other), each file read once."""
 
   def __init__(self, root):
     self.root, self._loaded = root, {}
@@ -443,6 +453,7 @@ class _Weights:
       weight_map = json.loads((self.root / index).read_text())["weight_map"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
       raise ValueError(f"{self.root / index}: not a weight index with a `weight_map` ({e!r})") from e
+    files = dict(weight_map)
     for file in sorted(set(weight_map.values())):
       if not (self.root / file).exists():
         raise FileNotFoundError(f"{self.root / index} lists {file}, which is not in {self.root}")
@@ -451,7 +462,9 @@ class _Weights:
       if missing:
         raise ValueError(f"{self.root / file} lacks tensor {missing[0]!r}, which {index} places "
                          "in it" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return dict(weight_map)
+      for name in self._read(file):
+        files.setdefault(name, file)
+    return files
 
   def _read(self, file: str) -> dict:
     if file not in self._loaded:
@@ -574,9 +587,9 @@ def load_fla(path, **overrides):
                        f"{meta['model_type']!r} model needs")
     value = from_fla_layout(weights.get(name), layout)
     if tuple(value.shape) != tuple(spec.shape):
-      shape = tuple(weights.get(name).shape)
-      raise ValueError(f"{root / weights.files[name]}: tensor {name!r} has shape {shape}; "
-                       f"config.json's model needs {tuple(to_fla_layout(np.empty(spec.shape), layout).shape)}")
+      raise ValueError(f"{root / weights.files[name]}: tensor {name!r} has shape "
+                       f"{tuple(weights.get(name).shape)}; config.json's model needs "
+                       f"{fla_shape(spec.shape, layout)}")
     params[key] = jnp.asarray(value, spec.dtype)
     used.add(name)
   if config.tie_embeddings and "lm_head.weight" in weights.files:

@@ -99,6 +99,16 @@ def test_sharded_safetensors_with_an_index_load(hybrid, tmp_path):
   shutil.copy(folder / "config.json", tmp_path / "config.json")
   assert_same_params(model, fla.from_fla(tmp_path))
 
+  del index["weight_map"][names[0]]  # a tensor a shard holds but the index does not list
+  (tmp_path / fla.SAFETENSORS_INDEX).write_text(json.dumps(index))
+  assert_same_params(model, fla.from_fla(tmp_path))
+  index["weight_map"][names[0]] = "model-00001-of-00002.safetensors"
+  save_file({n: tensors[n] for n in shards["model-00001-of-00002.safetensors"]}
+            | {"model.layers.0.attn.stray": np.zeros(2, np.float32)},
+            tmp_path / "model-00001-of-00002.safetensors")
+  with pytest.raises(ValueError, match="tensor 'model.layers.0.attn.stray' has no place"):
+    fla.from_fla(tmp_path)
+
   index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors"
   (tmp_path / fla.SAFETENSORS_INDEX).write_text(json.dumps(index))
   with pytest.raises(ValueError, match="00001-of-00002.safetensors lacks tensor 'model.norm.weight'"):
