@@ -72,6 +72,8 @@ class FlaType:
   fixed: mixer options fla's model builds its layer with whatever its config says.
   checks: fla fields lineax_lm computes only at some values (Check).
   ignored: fla fields fla's model of this type does not read (no effect on its output).
+  aliases: {fla field: {fla value: the lineax_lm option's value}} where the two name a value
+    differently.
   output_norm: the name of the mixer's output norm in fla's layer, given its config fields.
   defaults: fla 0.6.0's defaults of the shared fields where this type's differ from DEFAULTS.
   """
@@ -81,6 +83,7 @@ class FlaType:
   fixed: dict = dataclasses.field(default_factory=dict)
   checks: dict = dataclasses.field(default_factory=dict)
   ignored: tuple = ()
+  aliases: dict = dataclasses.field(default_factory=dict)
   output_norm: Callable[[dict], str] = lambda fields: "o_norm"
   defaults: dict = dataclasses.field(default_factory=dict)
 
@@ -108,9 +111,12 @@ FLA_TYPES = {
         options=(("num_heads", "num_heads", 6), ("head_dim", "head_dim", 256),
                  ("expand_v", "expand_v", 2.0), ("use_gate", "use_gate", True),
                  ("use_short_conv", "use_short_conv", True),
-                 ("allow_neg_eigval", "allow_neg_eigval", False), ("conv_size", "conv_size", 4)),
+                 ("allow_neg_eigval", "allow_neg_eigval", False), ("conv_size", "conv_size", 4),
+                 ("output_gate_activation", "output_gate_activation", "swish")),
         fixed=dict(conv_bias=False),
-        checks=dict(num_v_heads=_heads_or_none(), output_gate_activation=_equal("swish", "silu")),
+        checks=dict(num_v_heads=_heads_or_none(),
+                    output_gate_activation=_equal("swish", "silu", "sigmoid")),
+        aliases=dict(output_gate_activation={"silu": "swish"}),
         defaults=dict(num_hidden_layers=21)),
     "delta_net": FlaType(
         "deltanet", "DeltaNetForCausalLM",
@@ -247,7 +253,10 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
                      window_size=f.get("window_size"), rope_theta=f.get("rope_theta", 10000.0))
     fields.update(attn_ratio="transformer", **_attention_fields(attention))
   else:
-    mixer_cfg = {option: f.get(field, default) for field, option, default in fla_type.options}
+    mixer_cfg = {}
+    for field, option, default in fla_type.options:
+      value = f.get(field, default)
+      mixer_cfg[option] = fla_type.aliases.get(field, {}).get(value, value)
     if model_type == "hgrn2":
       mixer_cfg["expand_ratio"] = _hgrn2_expand_ratio(f, hidden)
     fields.update(mixer=fla_type.mixer, mixer_cfg={**mixer_cfg, **fla_type.fixed})
@@ -340,7 +349,8 @@ def config_to_fla(config, tokenizer=None) -> tuple[dict, str]:
   else:
     mixer = config.linear_mixer_config()
     meta.update({field: getattr(mixer, option) for field, option, _ in fla_type.options})
-    meta.update({name: check.default for name, check in fla_type.checks.items()})
+    for name, check in fla_type.checks.items():
+      meta.setdefault(name, check.default)
     meta["attn"] = dict(layers=list(attention), qkv_bias=False, **attn) if attention else None
   if tokenizer is not None:
     meta.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,

@@ -118,6 +118,18 @@ def test_sharded_safetensors_with_an_index_load(hybrid, tmp_path):
     fla.from_fla(tmp_path)
 
 
+def test_gated_deltanet_output_gate_activations(hybrid, tmp_path):
+  model = HybridLM(fla_config("gated_deltanet", mixer_cfg=dict(
+      num_heads=2, head_dim=16, output_gate_activation="sigmoid")), nnx.Rngs(0))
+  fla.to_fla(model, tmp_path)
+  assert json.loads((tmp_path / "config.json").read_text())["output_gate_activation"] == "sigmoid"
+  back = fla.from_fla(tmp_path)
+  assert back.blocks[0].mixer.o_norm.activation == "sigmoid"
+  assert_same_params(model, back)
+  silu = fla.from_fla(corrupt(hybrid[1], tmp_path / "silu", config={"output_gate_activation": "silu"}))
+  assert silu.blocks[0].mixer.o_norm.activation == "swish"  # fla's two names of one gate
+
+
 def test_tied_embeddings(tmp_path):
   model = HybridLM(fla_config("hgrn", tie_embeddings=True), nnx.Rngs(0))
   fla.to_fla(model, tmp_path)
@@ -179,7 +191,7 @@ def test_a_folder_that_is_not_an_fla_checkpoint(hybrid, tmp_path):
 @pytest.mark.parametrize("option,value,message", [
     ("num_v_heads", 4, r"num_v_heads=4 is not supported by lineax_lm \(it computes num_v_heads = "
                        r"None or `num_heads` only\)"),
-    ("output_gate_activation", "sigmoid", "output_gate_activation='sigmoid' is not supported"),
+    ("output_gate_activation", "relu", "output_gate_activation='relu' is not supported"),
     ("hidden_act", "powlu", "hidden_act='powlu' is not supported"),
     ("attnres_block_size", 2, "attnres_block_size=2 is not supported"),
     ("use_mystery_gate", True, r"option\(s\) \['use_mystery_gate'\] are unknown"),
