@@ -59,11 +59,13 @@ TYPES = {
     "transformer": dict(num_heads=4, num_kv_heads=2, tie_word_embeddings=True),
 }
 # The hybrids: 4 layers, attention at layer 3 (3:1) with grouped key/value heads; some with a
-# sliding window shorter than the sequence or another RoPE base, so that those options are compared.
+# sliding window shorter than the sequence, another RoPE base or another mixer option, so that those
+# options are compared too.
 ATTENTION = dict(layers=[3], num_heads=4, num_kv_heads=2, qkv_bias=False, window_size=None,
                  rope_theta=10000.0)
 HYBRID_ATTENTION = {"gla": dict(window_size=8), "gated_deltanet": dict(rope_theta=500000.0),
                     "hgrn2": dict(window_size=12)}
+HYBRID_FIELDS = {"gated_deltanet": dict(output_gate_activation="sigmoid")}
 
 
 def fixtures() -> dict:
@@ -75,7 +77,7 @@ def fixtures() -> dict:
     if model_type != "transformer":
       attn = {**ATTENTION, **HYBRID_ATTENTION.get(model_type, {})}
       out[f"{model_type}_hybrid"] = dict(model_type=model_type, num_hidden_layers=4, attn=attn,
-                                         **COMMON, **fields)
+                                         **COMMON, **fields, **HYBRID_FIELDS.get(model_type, {}))
   return out
 
 
