@@ -29,7 +29,7 @@ class GatedDeltaNetConfig(MixerConfig):
   expand_v: float = 2.0
   use_gate: bool = True
   allow_neg_eigval: bool = False
-  output_gate_activation: str = "swish"  # the output norm's gate: "swish" | "sigmoid" (fla's)
+  output_gate_activation: str = "swish"  # the output norm's gate: "swish" or "sigmoid"
 
 
 class GatedDeltaNet(LinearMixer):

@@ -95,7 +95,8 @@ def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
 # ------------------------------------------------------------------------------ loading
 def load(path, step: int | None = None) -> Pretrained:
   """A model for inference from a training workdir (`<path>/checkpoints`; `step`: latest when
-  None) or a folder written by `save_pretrained` (`<path>/config.json`)."""
+  None), a folder written by `save_pretrained` (`<path>/config.json`) or an fla checkpoint folder
+  (lineax_lm.convert.load_fla)."""
   from lineax_lm.convert import fla
   root = storage.as_path(path)
   if (root / CONFIG_FILE).exists():
