@@ -197,7 +197,8 @@ NO_EFFECT = frozenset("""
     architectures transformers_version torch_dtype dtype _name_or_path auto_map
     output_attentions output_hidden_states return_dict use_return_dict torchscript
     is_encoder_decoder tokenizer_class chunk_size_feed_forward id2label label2id problem_type
-    keys_to_ignore_at_inference""".split())
+    keys_to_ignore_at_inference _attn_implementation_autoset _commit_hash use_bfloat16
+    pruned_heads tie_encoder_decoder""".split())
 ATTENTION_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "rope_theta")
 
 
