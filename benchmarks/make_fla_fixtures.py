@@ -27,8 +27,8 @@ forward runs under torch.no_grad() on at most 32 tokens, so that each fla layer 
 fused_recurrent kernel (each layer of these types picks it for sequences of at most 64 tokens
 outside training): the token-by-token recurrence in float32, not the chunked form. fla's attention
 layer calls flash_attn, which the host lacks: a stand-in module computes its two functions with
-torch's scaled_dot_product_attention in float32 (causal and window masks aligned as flash_attn
-aligns them), installed in this process only.
+torch's scaled_dot_product_attention in float32 (its math backend; causal and window masks
+aligned as flash_attn aligns them), installed in this process only.
 
 Weights: fla's initialisation with initializer_range 0.2 (at 0.02 the tiny models' logits are all
 ~0 and ties decide greedy tokens), then every parameter plus normal(0, 0.1) noise, so that norms,
@@ -89,6 +89,7 @@ def install_flash_attn_stand_in():
   after each query (-1: unbounded), as flash_attn does."""
   import torch
   import torch.nn.functional as F
+  from torch.nn.attention import SDPBackend, sdpa_kernel
 
   def attend(q, k, v, softmax_scale, causal, window_size):
     tq, tk = q.shape[1], k.shape[1]
@@ -104,8 +105,9 @@ def install_flash_attn_stand_in():
       mask &= k_pos >= q_pos - left
     if right >= 0:
       mask &= k_pos <= q_pos + right
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=mask, scale=softmax_scale)
+    with sdpa_kernel(SDPBackend.MATH):  # plain float32 matmuls and softmax (TF32 is off)
+      o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask, scale=softmax_scale)
     return o.transpose(1, 2)
 
   def unsupported(kwargs):
