@@ -11,11 +11,13 @@ einops==0.8.1`), one device call with carry [".whl"]:
         .whl/flash_linear_attention-0.6.0-*.whl .whl/fla_core-0.6.0-*.whl .whl/einops-0.8.1-*.whl
     PYTHONPATH=/tmp/fla python3 benchmarks/make_fla_fixtures.py --out tests/lineax_lm/convert/fixtures
     cp -r tests/lineax_lm/convert/fixtures $OUT/fla_fixtures
-    source launch/h200_env.sh && install_missing_wheels && JAX_PLATFORMS=cpu \
+    source launch/h200_env.sh && install_missing_wheels && JAX_PLATFORMS=cpu \\
         python3 -m pytest -q -p no:cacheprovider tests/lineax_lm/convert/test_fla_parity.py
 
-(the last two lines check the fixtures against lineax_lm in the same call, on the host's CPU); then
-copy $OUT/fla_fixtures/* into tests/lineax_lm/convert/fixtures/ and commit them (about 3 MB).
+(the last two lines check the fixtures against lineax_lm in the same call, on the host's CPU; .whl/
+then also needs the wheels launch/h200_env.sh installs); then copy $OUT/fla_fixtures/* into
+tests/lineax_lm/convert/fixtures/ and commit them (about 3 MB). `--only gla,gla_hybrid` makes some
+of them, should one call not fit them all.
 
 Each fixture folder <type>[_hybrid]/ holds fla's config.json and model.safetensors, reference.json
 (versions, device, date, command) and reference.safetensors: input_ids [2, 32] (seed 0), logits
