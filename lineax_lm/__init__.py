@@ -29,6 +29,8 @@ _EXPORTS = {
     "from_pretrained": "lineax_lm.models.pretrained",
     "save_pretrained": "lineax_lm.models.pretrained",
     "generate_batches": "lineax_lm.models.pretrained",
+    "from_fla": "lineax_lm.convert.fla",
+    "to_fla": "lineax_lm.convert.fla",
     "MIXERS": "lineax_lm.layers",
     "LINEAR_MIXERS": "lineax_lm.layers",
     "build_mixer": "lineax_lm.layers",

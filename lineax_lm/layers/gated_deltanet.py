@@ -29,6 +29,7 @@ class GatedDeltaNetConfig(MixerConfig):
   expand_v: float = 2.0
   use_gate: bool = True
   allow_neg_eigval: bool = False
+  output_gate_activation: str = "swish"  # the output norm's gate: "swish" or "sigmoid"
 
 
 class GatedDeltaNet(LinearMixer):
@@ -44,7 +45,8 @@ class GatedDeltaNet(LinearMixer):
     self.b_proj = dense(D, H, ("embed", None), spec, rngs)
     self.A_log = param(rngs, a_log_init(0.0, 16.0), (H,), (None,), spec.param_dtype)
     self.dt_bias = param(rngs, dt_bias_init(), (H,), (None,), spec.param_dtype)
-    self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_gate)
+    self._make_output(self.value_dim, self.head_v_dim, rngs, gate=cfg.use_gate,
+                      activation=cfg.output_gate_activation)
 
   def __call__(self, x, cache=None, ctx: Context | None = None):
     """x: [B, L, D] -> ([B, L, D], new cache or None)."""

@@ -4,6 +4,7 @@
   lm.generate(["The cat", "Once upon a time"], max_new_tokens=32)   # prompts of any lengths
   lineax_lm.save_pretrained(lm.model, "exported/x", tokenizer=lm.tokenizer)
   model = lineax_lm.from_pretrained("exported/x")                  # the HybridLM alone
+  model = lineax_lm.from_pretrained("fla-hub/gla-340M-15B")        # an fla checkpoint folder
 
 From a workdir only the parameters of the checkpoint are read (no optimizer state, no data
 iterator), on a one-axis data mesh of the local devices. The Hugging Face layout is a folder with
@@ -94,12 +95,14 @@ def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
 # ------------------------------------------------------------------------------ loading
 def load(path, step: int | None = None) -> Pretrained:
   """A model for inference from a training workdir (`<path>/checkpoints`; `step`: latest when
-  None) or a folder written by `save_pretrained` (`<path>/config.json`)."""
+  None), a folder written by `save_pretrained` (`<path>/config.json`) or an fla checkpoint folder
+  (lineax_lm.convert.load_fla)."""
+  from lineax_lm.convert import fla
   root = storage.as_path(path)
   if (root / CONFIG_FILE).exists():
     if step is not None:
       raise ValueError(f"`step` applies to a training workdir; {path} is a saved model folder")
-    return _load_saved(root)
+    return fla.load_fla(root) if fla.fla_model_type(root) else _load_saved(root)
   if (root / "checkpoints").exists():
     return load_run(path, step)
   raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (a saved model) nor checkpoints/ "
@@ -142,11 +145,17 @@ def config_dict(model_cfg: ModelConfig) -> dict:
   return d
 
 
-def save_pretrained(model: HybridLM, path, tokenizer=None) -> str:
+def save_pretrained(model: HybridLM, path, tokenizer=None, format: str = "lineax") -> str:
   """Writes `model` (and `tokenizer`: the byte tokenizer or one read from a tokenizer.json) to
-  folder `path` in the Hugging Face layout; returns the folder."""
+  folder `path` in the Hugging Face layout, or with format="fla" as flash-linear-attention's
+  checkpoint (lineax_lm.convert.to_fla); returns the folder."""
   from safetensors.flax import save as save_tensors
   import lineax_lm
+  if format not in ("lineax", "fla"):
+    raise ValueError(f"`format` must be 'lineax' or 'fla'; got {format!r}")
+  if format == "fla":
+    from lineax_lm.convert import fla
+    return fla.to_fla(model, path, tokenizer)
   root = storage.as_path(path)
   root.mkdir(parents=True, exist_ok=True)
   tensors = {".".join(map(str, key)): jnp.asarray(value)
