@@ -31,14 +31,14 @@ def _run(kind, q, k, v, beta, scale, initial_state, output_final_state, cu_seqle
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
+                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, backend="auto",
                      interpret=False, context_axis=None):
   return _run("chunk", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
               use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
+                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, backend="auto",
                                interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
               use_qk_l2norm_in_kernel, backend, interpret, context_axis)

@@ -29,13 +29,13 @@ def _run(kind, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              backend="auto", interpret=False, context_axis=None):
+              *, backend="auto", interpret=False, context_axis=None):
   return _run("chunk", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, backend,
               interpret, context_axis)
 
 
 def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-                        cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
+                        cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
               backend, interpret, context_axis)
 

@@ -34,14 +34,14 @@ def _run(kind, q, k, v, g, beta, scale, initial_state, output_final_state, cu_se
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto", interpret=False,
+              cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, backend="auto", interpret=False,
               context_axis=None):
   return _run("chunk", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
               use_qk_l2norm_in_kernel, backend, interpret, context_axis)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
+                        cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, backend="auto",
                         interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
               cu_seqlens, use_qk_l2norm_in_kernel, backend, interpret, context_axis)

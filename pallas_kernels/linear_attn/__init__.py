@@ -45,14 +45,14 @@ def _run(kind, q, k, v, scale, initial_state, output_final_state, normalize, cu_
 
 
 def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                      normalize=False, cu_seqlens=None, backend="auto", interpret=False,
+                      normalize=False, cu_seqlens=None, *, backend="auto", interpret=False,
                       context_axis=None):
   return _run("chunk", q, k, v, scale, initial_state, output_final_state, normalize, cu_seqlens,
               backend, interpret, context_axis)
 
 
 def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                                normalize=False, cu_seqlens=None, backend="auto", interpret=False,
+                                normalize=False, cu_seqlens=None, *, backend="auto", interpret=False,
                                 context_axis=None):
   return _run("fused_recurrent", q, k, v, scale, initial_state, output_final_state, normalize,
               cu_seqlens, backend, interpret, context_axis)

@@ -25,13 +25,13 @@ def _run(kind, q, k, v, scale, initial_state, output_final_state, cu_seqlens, ba
 
 
 def chunk_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
+                    cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None):
   return _run("chunk", q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend,
               interpret, context_axis)
 
 
 def fused_recurrent_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                              cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
+                              cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, scale, initial_state, output_final_state, cu_seqlens,
               backend, interpret, context_axis)
 

@@ -29,13 +29,13 @@ def _run(kind, r, k, v, w, u, scale, initial_state, output_final_state, cu_seqle
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False,
-                cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
+                cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None):
   return _run("chunk", r, k, v, w, u, scale, initial_state, output_final_state, cu_seqlens, backend,
               interpret, context_axis)
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False,
-                          cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
+                          cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", r, k, v, w, u, scale, initial_state, output_final_state, cu_seqlens,
               backend, interpret, context_axis)
 

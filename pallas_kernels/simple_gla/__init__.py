@@ -29,14 +29,14 @@ def _run(kind, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                     output_final_state=False, cu_seqlens=None, backend="auto", interpret=False,
+                     output_final_state=False, cu_seqlens=None, *, backend="auto", interpret=False,
                      context_axis=None):
   return _run("chunk", q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
               backend, interpret, context_axis)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                               output_final_state=False, cu_seqlens=None, backend="auto",
+                               output_final_state=False, cu_seqlens=None, *, backend="auto",
                                interpret=False, context_axis=None):
   return _run("fused_recurrent", q, k, v, g, g_gamma, scale, initial_state, output_final_state,
               cu_seqlens, backend, interpret, context_axis)
