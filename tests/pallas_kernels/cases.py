@@ -80,7 +80,9 @@ SIMPLE_GLA_GAMMA_ONLY = OpCase("simple_gla[g_gamma]", g_gamma_by_keyword(chunk_s
 # Retention: simple GLA with the fixed decay log(1 - 2**(-5-h)), so q, k, v are its only inputs.
 RETENTION = OpCase("retention", chunk_retention, fused_recurrent_retention, qkv, matrix_state)
 
-LINEAR_ATTN = OpCase("linear_attn", chunk_linear_attn, fused_recurrent_linear_attn, qkv, matrix_state)
+# chunk_linear_attn normalizes by default (fla's default); this case is the plain recurrence.
+LINEAR_ATTN = OpCase("linear_attn", functools.partial(chunk_linear_attn, normalize=False),
+                     fused_recurrent_linear_attn, qkv, matrix_state)
 
 
 def positive_features(rng, B, T, H, K, V):
@@ -89,10 +91,15 @@ def positive_features(rng, B, T, H, K, V):
               v=normal(rng, B, T, H, V))
 
 
+def normalizer_state(rng, N, H, K, V):
+  """normalize=True's state: (S_0, z_0 [N, 1, H, K]), z_0 a positive running key sum."""
+  return matrix_state(rng, N, H, K, V), sigmoid(normal(rng, N, 1, H, K))
+
+
 LINEAR_ATTN_NORMALIZED = OpCase("linear_attn[normalize]",
                                 functools.partial(chunk_linear_attn, normalize=True),
                                 functools.partial(fused_recurrent_linear_attn, normalize=True),
-                                positive_features, matrix_state)
+                                positive_features, normalizer_state)
 
 
 # --- delta-rule families: the gated delta rule's core and the ops that re-route to it ------------
@@ -107,8 +114,13 @@ def gdn_inputs(rng, B, T, H, K, V, gate_scale=1.0):
   )
 
 
-GDN = OpCase("gated_delta_rule", chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_inputs,
-             matrix_state, gates=("g", "beta"))
+def beta_by_keyword(op):
+  """fused_recurrent_gated_delta_rule with beta as its 5th positional input (fla puts gk, gv there)."""
+  return lambda q, k, v, g, beta, **kw: op(q, k, v, g, beta=beta, **kw)
+
+
+GDN = OpCase("gated_delta_rule", chunk_gated_delta_rule, beta_by_keyword(fused_recurrent_gated_delta_rule),
+             gdn_inputs, matrix_state, gates=("g", "beta"))
 
 
 def delta_rule_inputs(rng, B, T, H, K, V, beta_scale=1.0):
