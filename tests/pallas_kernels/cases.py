@@ -8,6 +8,8 @@ return the op's positional inputs as an ordered dict of float32 arrays; gated fa
 import dataclasses
 import functools
 
+import jax.numpy as jnp
+
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
 from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
@@ -191,3 +193,55 @@ def steep(case, **kw):
   input maker too (e.g. mLSTM's f_shift)."""
   return dataclasses.replace(case, name=case.name + "[steep]",
                              make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0, **kw))
+
+
+# --- fla's options: the calls fla 0.6.0's layers make, and the options they exercise -----------
+
+def with_options(case, suffix, *, chunk=None, fused_recurrent=None, **options):
+  """`case` with `options` passed to both ops (or the given op wrappers)."""
+  return dataclasses.replace(case, name=f"{case.name}[{suffix}]",
+                             chunk=chunk or functools.partial(case.chunk, **options),
+                             fused_recurrent=fused_recurrent or functools.partial(case.fused_recurrent,
+                                                                                  **options))
+
+
+def v_first_state(rng, N, H, K, V):
+  """The [N, H, V, K] initial state of state_v_first=True."""
+  return matrix_state(rng, N, H, V, K)
+
+
+def raw_gate_inputs(rng, B, T, H, K, V, per_channel=False):
+  """What fla's GatedDeltaNet / KDA layers hand the op: raw gate g (a_proj / f_proj outputs), beta
+  logits, A_log = log(U(1, 16)) [H] and dt_bias ([H], or [H * K] per channel)."""
+  width = (K,) if per_channel else ()
+  return dict(q=normal(rng, B, T, H, K), k=normal(rng, B, T, H, K), v=normal(rng, B, T, H, V),
+              g=normal(rng, B, T, H, *width), beta=normal(rng, B, T, H),
+              A_log=jnp.log(jnp.asarray(rng.uniform(1.0, 16.0, H), jnp.float32)),
+              dt_bias=normal(rng, H * (K if per_channel else 1), scale=0.5, shift=-3.0))
+
+
+def fla_layer_call(op, **options):
+  """`op` called as fla's GatedDeltaNet / KDA layer calls it: the raw gate, A_log and dt_bias by
+  keyword, L2-normalised q and k, beta logits through 2 sigmoid, the state V-first."""
+  return lambda q, k, v, g, beta, A_log, dt_bias, **kw: op(
+      q, k, v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=True,
+      use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+      state_v_first=True, **options, **kw)
+
+
+GDN_FLA_LAYER = OpCase("gated_delta_rule[fla layer]", fla_layer_call(chunk_gated_delta_rule),
+                       fla_layer_call(fused_recurrent_gated_delta_rule), raw_gate_inputs, v_first_state,
+                       gates=("g", "beta", "A_log", "dt_bias"), static_inputs=("A_log", "dt_bias"))
+KDA_FLA_LAYER = OpCase("kda[fla layer]", fla_layer_call(chunk_kda), fla_layer_call(fused_recurrent_kda),
+                       functools.partial(raw_gate_inputs, per_channel=True), v_first_state,
+                       gates=("g", "beta", "A_log", "dt_bias"), static_inputs=("A_log", "dt_bias"))
+# KDA's bounded gate lower_bound sigmoid(exp(A_log) (g + dt_bias)), with fla's safe_gate.
+KDA_LOWER_BOUND = dataclasses.replace(
+    KDA_FLA_LAYER, name="kda[fla layer, lower_bound]",
+    chunk=fla_layer_call(chunk_kda, lower_bound=-5.0, safe_gate=True),
+    fused_recurrent=fla_layer_call(fused_recurrent_kda, lower_bound=-5.0))
+# fla's GLA and HGRN-2 layers: the per-key gate as gk, the state V-first.
+GLA_FLA_LAYER = dataclasses.replace(
+    GLA, name="gla[fla layer]", make_state=v_first_state,
+    chunk=functools.partial(chunk_gla, state_v_first=True),
+    fused_recurrent=lambda q, k, v, g, **kw: fused_recurrent_gla(q, k, v, gk=g, state_v_first=True, **kw))
