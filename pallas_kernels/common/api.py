@@ -194,15 +194,15 @@ def fla_kwargs(op: str, kwargs: dict, *, state_v_first: bool | None = None, take
 
 
 def only_on_scan(option: str, backend: str, context_axis) -> str:
-  """The backend for an option only the float32 scan implements (fla's `gv`): "reference" stays,
-  "auto" and "xla" take the scan (xla's fused_recurrent_* is it); a Pallas backend or context_axis
-  raises, naming the option."""
+  """The backend for an option only the float32 scan implements (fla's `gv`): "auto" takes "xla"
+  (whose fused_recurrent_* is the scan), "xla" and "reference" stay; a Pallas backend or
+  context_axis raises, naming the option."""
   if backend in dispatch.PALLAS_BACKENDS:
     raise ValueError(f"`{option}` is not supported by backend={backend!r}: only the reference scan "
                      "implements it; use backend='xla' or 'reference'")
   if context_axis is not None:
     raise ValueError(f"`{option}` cannot be combined with `context_axis`")
-  return "reference" if backend == "reference" else "xla"
+  return "xla" if backend == "auto" else backend
 
 
 def beta_activation(beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
@@ -229,7 +229,8 @@ def common_args(state: State = MATRIX, scale: bool = True) -> str:
   cu_seqlens: int32 [N + 1] offsets of packed sequences (B == 1); the state resets at each boundary.
   Where the op takes them, as in fla: reverse: read every sequence from its last token to its
     first. state_v_first: initial and final states as [N, H, V, K]. cu_seqlens_cpu: accepted, not
-    needed (concrete cu_seqlens are checked as they are). **kwargs: see `api.fla_kwargs`.
+    needed (concrete cu_seqlens are checked as they are). **kwargs: head_first=False and
+    transpose_state_layout warn as in fla, chunk_size is accepted, another keyword raises.
   backend: "auto" | "reference" | "xla" | "gpu" | "tpu".  interpret: run a Pallas kernel interpreted.
   context_axis: None, or a mesh axis bound here (inside jax.shard_map) over which T is split into
     contiguous equal slices: pass this device's slice of every [B, T, ...] input and get its slice of
