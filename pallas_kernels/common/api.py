@@ -62,6 +62,20 @@ def dims(q, k, v, cu_seqlens, q_name: str = "q", context_axis: str | None = None
                                                   cu_seqlens))
 
 
+def grouped_value_heads(q, k, v):
+  """fla's grouped value attention (GVA) of the delta rules: v (with the gates, beta and the state)
+  has HV heads, a multiple of the H heads of q and k, and q, k head h serves the HV / H value heads
+  from h HV / H on. q and k are repeated to HV heads here (their gradients sum back), so every
+  backend runs it; other shapes pass through to the shape checks."""
+  if getattr(q, "ndim", None) != 4 or getattr(v, "ndim", None) != 4 or v.shape[2] == q.shape[2]:
+    return q, k
+  H, HV = q.shape[2], v.shape[2]
+  if HV % H:
+    raise ValueError(f"`v` has {HV} heads, not a multiple of the {H} heads of q and k (grouped value "
+                     "heads need HV % H == 0)")
+  return jnp.repeat(q, HV // H, axis=2), jnp.repeat(k, HV // H, axis=2)
+
+
 def elementwise_dims(x, cu_seqlens, name: str = "x", context_axis: str | None = None) -> Dims:
   """Checks x [B, T, D] (a floating array) and cu_seqlens; returns the sizes (H = K = V = None)."""
   checks.check_rank(name, x, 3, "[B, T, D]")

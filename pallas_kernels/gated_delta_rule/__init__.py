@@ -16,7 +16,8 @@ _DOC = """Gated delta rule{kind} (fla's `{fla}_gated_delta_rule`).
   S_t = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T (scale q_t)
 
 Args:
-  q, k: [B, T, H, K]. v: [B, T, H, V].
+  q, k: [B, T, H, K]. v: [B, T, H, V], or fla's grouped value heads: v (and the gates, beta, the
+    state) with a multiple of q's and k's heads, each q, k head serving consecutive value heads.
   g: [B, T, H] natural-log decays (<= 0; a positive value raises eagerly, is clamped to 0 under jit).
     fused_recurrent_gated_delta_rule: None means no scalar decay.
   gk, gv (fused_recurrent_gated_delta_rule): None, or [B, T, H, K] / [B, T, H, V] natural-log decays
@@ -46,6 +47,7 @@ def _gate(g, A_log, dt_bias, d: api.Dims):
 def _run(kind, q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state,
          use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
          allow_neg_eigval, state_v_first, cu_seqlens, backend, interpret, context_axis):
+  q, k = api.grouped_value_heads(q, k, v)
   d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   if use_gate_in_kernel:
     if A_log is None:

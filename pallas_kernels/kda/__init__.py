@@ -16,7 +16,8 @@ _DOC = """Kimi Delta Attention{kind} (fla's `{fla}_kda`).
   S_t = diag(exp(g_t)) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  o_t = S_t^T (scale q_t)
 
 Args:
-  q, k: [B, T, H, K]. v: [B, T, H, V].
+  q, k: [B, T, H, K]. v: [B, T, H, V], or fla's grouped value heads: v (and the gates, beta, the
+    state) with a multiple of q's and k's heads, each q, k head serving consecutive value heads.
   g: [B, T, H, K] per-channel natural-log decays (<= 0; a positive value raises eagerly, is clamped
     to 0 under jit). Any magnitude is handled without overflow.
   beta: [B, T, H] write strengths (usually sigmoid outputs).
@@ -57,6 +58,7 @@ def _gate(g, A_log, dt_bias, lower_bound, d: api.Dims):
 def _run(kind, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
          lower_bound, state_v_first, cu_seqlens, backend, interpret, context_axis):
+  q, k = api.grouped_value_heads(q, k, v)
   d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   if use_gate_in_kernel:
     g = _gate(g, A_log, dt_bias, lower_bound, d)

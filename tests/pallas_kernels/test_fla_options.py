@@ -2,6 +2,7 @@
 on inputs transformed by hand in numpy), then through the harness (xla against the float32
 reference here; the GPU and TPU kernels in interpret mode, `slow`). Also fla's defaults, **kwargs,
 the errors for options a backend cannot honour, and the (o, final_state) return of every op."""
+import dataclasses
 import warnings
 
 import jax
@@ -238,6 +239,40 @@ def test_gate_and_beta_option_errors_name_the_option():
     chunk_gated_delta_rule(q, k, v, -jnp.abs(g[..., 0]), beta, cp_context=object())
   with pytest.raises(ValueError, match=r"`g` \(raw pre-activation\) must be provided"):
     fused_recurrent_gated_delta_rule(q, k, v, beta=beta, use_gate_in_kernel=True, A_log=A_log)
+
+
+# --- grouped value heads (GVA): v with a multiple of q's and k's heads --------------------------
+
+def grouped(case):
+  """`case` with q and k of H / 2 heads: value heads 2h and 2h + 1 read q, k head h."""
+  def make_inputs(rng, B, T, H, K, V):
+    x = case.make_inputs(rng, B, T, H, K, V)
+    return dict(x, q=x["q"][:, :, ::2], k=x["k"][:, :, ::2])
+  return dataclasses.replace(case, name=case.name + "[gva]", make_inputs=make_inputs)
+
+
+GVA_CASES = [grouped(cases.GDN), grouped(cases.KDA)]
+
+
+@pytest.mark.parametrize("case", GVA_CASES, ids=lambda c: c.name)
+def test_grouped_value_heads_match_float64_and_the_reference(case):
+  rng = rng_of("gva", case.name)
+  x = case.make_inputs(rng, B, T, 4, K, V)
+  h0 = matrix_state(rng, B, 4, K, V)
+  q, k = (np.repeat(np.asarray(x[n], F64), 2, axis=2) for n in ("q", "k"))
+  per_channel = x["g"].ndim == 4
+  o64, S64 = delta64(q, k, x["v"], x["beta"], h0, K ** -0.5, g=0.0 if per_channel else x["g"],
+                     gk=x["g"] if per_channel else 0.0)
+  for op in (case.chunk, case.fused_recurrent):
+    o, S = op(*x.values(), initial_state=h0, output_final_state=True)
+    assert harness.rel_rms(o, o64) < 1e-5 and harness.rel_rms(S, S64) < 1e-5
+  harness.check_op(case, T=70, H=4, K=16, V=16, dtype="float32", varlen=True)
+
+
+def test_value_heads_not_a_multiple_of_the_key_heads_raise():
+  x = cases.gdn_inputs(rng_of("gva-bad"), 1, 8, 3, 4, 4)
+  with pytest.raises(ValueError, match="`v` has 3 heads, not a multiple of the 2 heads"):
+    chunk_gated_delta_rule(x["q"][:, :, :2], x["k"][:, :, :2], *list(x.values())[2:])
 
 
 # --- per-channel gates of the decode ops: gk, gv ------------------------------------------------
