@@ -219,6 +219,13 @@ def only_on_scan(option: str, backend: str, context_axis) -> str:
   return "xla" if backend == "auto" else backend
 
 
+def delta_beta(beta, d: Dims, kind: str):
+  """The delta rules' beta: [B, T, H], or for fused_recurrent (as fla's decode kernels take it)
+  [B, T, H, V], a write strength per value channel. Returns (beta, whether it is per channel)."""
+  per_channel = kind == "fused_recurrent" and getattr(beta, "ndim", None) == 4
+  return gate("beta", beta, d, "[B, T, H, V]" if per_channel else "[B, T, H]"), per_channel
+
+
 def beta_activation(beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
   """fla's in-kernel beta: sigmoid(beta) (2 sigmoid(beta) with allow_neg_eigval, eigenvalues of the
   transition in (-1, 1)) in float32, else beta as given."""

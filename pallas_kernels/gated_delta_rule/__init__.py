@@ -24,7 +24,8 @@ Args:
     per key / value channel, applied with g: S_t = exp(g_t) diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)).
     gk runs on every backend (as KDA's per-channel gate); gv only on the float32 scan ("xla",
     "reference"; "auto" takes it), and not with context_axis.
-  beta: [B, T, H] write strengths (usually sigmoid outputs); fused_recurrent's default is ones.
+  beta: [B, T, H] write strengths (usually sigmoid outputs); fused_recurrent's default is ones, and
+    it also takes [B, T, H, V], one per value channel (on the float32 scan, as gv).
   use_qk_l2norm_in_kernel: L2-normalise q and k over K first (as Gated DeltaNet layers do).
   use_gate_in_kernel, A_log [H], dt_bias None or [H] (chunk_gated_delta_rule reads them from its
     **kwargs, as fla's does): g is the raw gate, and the decay is -exp(A_log) softplus(g + dt_bias)
@@ -61,7 +62,7 @@ def _run(kind, q, k, v, g, gk, gv, beta, scale, initial_state, output_final_stat
   gv = api.log_decay_gate("gv", gv, d, "[B, T, H, V]", optional=True)
   if beta is None and kind == "fused_recurrent":  # fla's default there; the chunk op needs beta
     beta = jnp.ones(q.shape[:3], F32)
-  beta = api.gate("beta", beta, d, "[B, T, H]")
+  beta, per_channel_beta = api.delta_beta(beta, d, kind)
   beta = api.beta_activation(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
@@ -70,9 +71,10 @@ def _run(kind, q, k, v, g, gk, gv, beta, scale, initial_state, output_final_stat
                  state_v_first=state_v_first, transition=TRANSITION)  # the delta rules share it
   if gk is not None:  # a per-channel decay: KDA's recurrence, with g folded in
     g = gk.astype(F32) + (0.0 if g is None else g.astype(F32)[..., None])
-  if gv is not None:
+  if gv is not None or per_channel_beta:
+    option = "gv" if gv is not None else "beta [B, T, H, V]"
     return api.run("gated_delta_rule", kind, d, (q, k, v, g, beta), gv=gv,
-                   backend=api.only_on_scan("gv", backend, context_axis), **options)
+                   backend=api.only_on_scan(option, backend, context_axis), **options)
   if gk is not None:
     return api.run("kda", kind, d, (q, k, v, g, beta), backend=backend, **options)
   if g is None:

@@ -2,7 +2,7 @@
 
   S_t = exp(g_t) S_{t-1}                (g_t [B, T, H] scalar; [B, T, H, K] per channel for KDA)
   S_t = S_t diag(exp(gv_t))             (only with gv [B, T, H, V], fla's per-value-channel decay)
-  u_t = beta_t (v_t - S_t^T k_t)
+  u_t = beta_t (v_t - S_t^T k_t)        (beta_t [B, T, H], or [B, T, H, V] per value channel)
   S_t = S_t + k_t u_t^T
   o_t = S_t^T (scale q_t)
 """
@@ -29,7 +29,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None,
     q_t, k_t, v_t, g_t, gv_t, b_t = x
     decay = jnp.exp(g_t)[..., None] if g_t.ndim == 2 else jnp.exp(g_t)  # [B, H, 1 or K]
     S = S * decay[..., None] * jnp.exp(gv_t)[..., None, :]
-    u = b_t[..., None] * (v_t - jnp.einsum("bhkv,bhk->bhv", S, k_t, precision=HI))
+    b_t = b_t if b_t.ndim == 3 else b_t[..., None]  # per value channel, or one per head
+    u = b_t * (v_t - jnp.einsum("bhkv,bhk->bhv", S, k_t, precision=HI))
     S = S + k_t[..., :, None] * u[..., None, :]
     return S, jnp.einsum("bhkv,bhk->bhv", S, q_t * scale, precision=HI)
 

@@ -20,7 +20,9 @@ Args:
     state) with a multiple of q's and k's heads, each q, k head serving consecutive value heads.
   g: [B, T, H, K] per-channel natural-log decays (<= 0; a positive value raises eagerly, is clamped
     to 0 under jit). Any magnitude is handled without overflow.
-  beta: [B, T, H] write strengths (usually sigmoid outputs).
+  beta: [B, T, H] write strengths (usually sigmoid outputs); fused_recurrent_kda also takes
+    [B, T, H, V], one per value channel (only the float32 scan runs it: "xla", "reference",
+    "auto"; not with context_axis).
   A_log [H], dt_bias None or [H * K] (chunk_kda reads them from its **kwargs, as fla's does), with
     use_gate_in_kernel: g is the raw gate, and the decay is -exp(A_log) softplus(g + dt_bias), or
     with lower_bound (< 0) lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log may then be None:
@@ -64,8 +66,10 @@ def _run(kind, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_fi
     g = _gate(g, A_log, dt_bias, lower_bound, d)
   else:
     g = api.log_decay_gate("g", g, d, "[B, T, H, K]")
-  beta = api.beta_activation(api.gate("beta", beta, d, "[B, T, H]"), use_beta_sigmoid_in_kernel,
-                             allow_neg_eigval)
+  beta, per_channel_beta = api.delta_beta(beta, d, kind)
+  beta = api.beta_activation(beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+  if per_channel_beta:
+    backend = api.only_on_scan("beta [B, T, H, V]", backend, context_axis)
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
   return api.run("kda", kind, d, (q, k, v, g, beta), scale=scale, initial_state=initial_state,

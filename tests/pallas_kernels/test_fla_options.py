@@ -36,7 +36,8 @@ def f64(*xs):
 
 
 def delta64(q, k, v, beta, h0, scale, g=0.0, gk=0.0, gv=0.0):
-  """The gated delta rule in float64 with fla's three decays: S = exp(g) diag(exp(gk)) S diag(exp(gv))."""
+  """The gated delta rule in float64 with fla's three decays, S = exp(g) diag(exp(gk)) S diag(exp(gv)),
+  and beta [B, T, H] or [B, T, H, V]."""
   q, k, v, beta, S = f64(q, k, v, beta, h0)
   g, gk, gv = (np.broadcast_to(np.asarray(x, F64), shape) for x, shape in
                ((g, q.shape[:3]), (gk, q.shape), (gv, v.shape)))
@@ -44,7 +45,8 @@ def delta64(q, k, v, beta, h0, scale, g=0.0, gk=0.0, gv=0.0):
   for t in range(q.shape[1]):
     S = (S * np.exp(g[:, t])[..., None, None] * np.exp(gk[:, t])[..., :, None]
          * np.exp(gv[:, t])[..., None, :])
-    u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhkv,bhk->bhv", S, k[:, t]))
+    b = beta[:, t] if beta.ndim == 4 else beta[:, t, :, None]  # per value channel, or per head
+    u = b * (v[:, t] - np.einsum("bhkv,bhk->bhv", S, k[:, t]))
     S = S + k[:, t, :, :, None] * u[:, :, None, :]
     outs.append(np.einsum("bhkv,bhk->bhv", S, scale * q[:, t]))
   return np.stack(outs, 1), S
@@ -303,6 +305,23 @@ def test_gla_decode_with_gv_matches_float64():
         k[:, t, :, :, None] * v[:, t, :, None, :])
     outs.append(np.einsum("bhkv,bhk->bhv", S64, K ** -0.5 * q[:, t]))
   assert harness.rel_rms(o, np.stack(outs, 1)) < 1e-5 and harness.rel_rms(S, S64) < 1e-5
+
+
+def test_decode_with_a_beta_per_value_channel_matches_float64():
+  rng = rng_of("beta-per-channel")
+  x = cases.kda_inputs(rng, B, T, H, K, V)
+  beta = cases.sigmoid(harness.normal(rng, B, T, H, V))
+  h0 = matrix_state(rng, B, H, K, V)
+  o64, S64 = delta64(x["q"], x["k"], x["v"], beta, h0, K ** -0.5, gk=x["g"])
+  for o, S in (fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], beta, initial_state=h0,
+                                   output_final_state=True),
+               fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], gk=x["g"], beta=beta,
+                                                initial_state=h0, output_final_state=True)):
+    assert harness.rel_rms(o, o64) < 1e-5 and harness.rel_rms(S, S64) < 1e-5
+  with pytest.raises(ValueError, match=r"`beta \[B, T, H, V\]` is not supported by backend='gpu'"):
+    fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], beta, backend="gpu")
+  with pytest.raises(ValueError, match="`beta` must have rank 3"):
+    chunk_kda(x["q"], x["k"], x["v"], x["g"], beta)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"], ids=["backend=gpu", "backend=tpu"])
