@@ -19,7 +19,6 @@ columns; additive families: a [T, K] x [K, V] product; mLSTM: a re-run).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.ops import device_ms  # noqa: E402
-from pallas_kernels.bench import OPS, make_inputs  # noqa: E402
+from pallas_kernels.bench import make_inputs, op_of  # noqa: E402
 
 AXIS = "context"
 
@@ -47,8 +46,7 @@ def peak_gib(compiled) -> float:
 
 def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int,
             interpret: bool = False) -> dict:
-  family, fn_name, names = OPS[name]
-  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
+  op, names = op_of(name)
   inputs = make_inputs(1, slices * T, H, K, V, jnp.bfloat16)
   static = {"u"}  # inputs without a time axis
   args = tuple(inputs[n] for n in names)

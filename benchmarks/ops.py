@@ -16,7 +16,6 @@ outputs + temporaries). --scaling times the gated delta rule at T in --lengths, 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pallas_kernels.bench import OPS, make_inputs  # noqa: E402
+from pallas_kernels.bench import OPS, make_inputs, op_of  # noqa: E402
 
 INTERPRET = False  # --interpret: run the Pallas paths interpreted (a CPU smoke test of this script)
 def _variants():
@@ -65,8 +64,7 @@ def op_fn(name, backend, config=None):
         q, k, v, g, b, scale=q.shape[-1] ** -0.5, initial_state=jnp.zeros(
             (q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32), config=config, **kw)[0]
             ), ("q", "kn", "v", "gs", "beta")
-  family, fn_name, names = OPS[name]
-  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
+  op, names = op_of(name)
   return (lambda *a: op(*a, backend=backend, **kw)[0]), names
 
 

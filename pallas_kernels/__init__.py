@@ -6,7 +6,8 @@ and from its family module (`pallas_kernels.gla`). `pallas_kernels.common.dispat
 says which backend implements which op.
 """
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
-from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from pallas_kernels.gated_delta_rule import (chunk_gated_delta_rule, chunk_gdn,
+                                             fused_recurrent_gated_delta_rule, fused_recurrent_gdn)
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
 from pallas_kernels.hgrn import chunk_hgrn, fused_recurrent_hgrn
 from pallas_kernels.kda import chunk_kda, fused_recurrent_kda
@@ -20,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "chunk_delta_rule", "fused_recurrent_delta_rule",
-    "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
+    "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn", "fused_recurrent_gdn",
     "chunk_gla", "fused_recurrent_gla",
     "chunk_hgrn", "fused_recurrent_hgrn",
     "chunk_kda", "fused_recurrent_kda",

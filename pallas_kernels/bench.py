@@ -31,6 +31,16 @@ OPS = {
     "hgrn": ("hgrn", "chunk_hgrn", ("x", "gx")),
     "mlstm": ("mlstm", "chunk_mlstm", ("q", "k", "v", "i", "f")),
 }
+# options each op is timed with: fla's benchmark times linear attention without its normalizer
+OPTIONS = {"linear_attn": {"normalize": False}}
+
+
+def op_of(name):
+  """(the public chunk op of OPS[name] with its OPTIONS, its argument names)."""
+  family, fn_name, argnames = OPS[name]
+  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
+  options = OPTIONS.get(name, {})
+  return (lambda *a, **kw: op(*a, **options, **kw)), argnames
 
 
 def make_inputs(B, T, H, K, V, dtype, seed=0):
@@ -60,8 +70,7 @@ def median_ms(fn, *args, iters=20):
 
 
 def time_op(name, backend, inputs, iters):
-  family, fn_name, argnames = OPS[name]
-  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
+  op, argnames = op_of(name)
   args = tuple(inputs[a] for a in argnames)
   fwd = jax.jit(lambda *a: op(*a, backend=backend)[0])
   o = fwd(*args)

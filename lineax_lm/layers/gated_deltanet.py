@@ -22,6 +22,13 @@ from lineax_lm.layers.common import (F32, Context, LayerSpec, MixerConfig, a_log
                                      run_op)
 
 
+
+def _fused_recurrent(q, k, v, g, beta, **kwargs):
+  """fused_recurrent_gated_delta_rule with chunk_gated_delta_rule's leading inputs (fla's decode op
+  puts its per-channel gates gk, gv before beta)."""
+  return fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class GatedDeltaNetConfig(MixerConfig):
   num_heads: int = 6
@@ -55,7 +62,7 @@ class GatedDeltaNet(LinearMixer):
     beta = jax.nn.sigmoid(self.b_proj(x).astype(F32)) * (2.0 if cfg.allow_neg_eigval else 1.0)
     g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(
         self.a_proj(x).astype(F32) + self.dt_bias[...].astype(F32))
-    o, state = run_op(chunk_gated_delta_rule, fused_recurrent_gated_delta_rule,
+    o, state = run_op(chunk_gated_delta_rule, _fused_recurrent,
                       (q, k, v, g, beta.astype(q.dtype)), state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing, backend=cfg.backend)
     return self.output(o, x), self.new_cache(cache, state, conv)

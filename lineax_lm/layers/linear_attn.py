@@ -30,6 +30,15 @@ def _identity(x):
 _STATELESS_MAPS = {"elu": _elu_p1, "relu": jax.nn.relu, "identity": _identity}
 
 
+def _matrix_state(op):
+  """`op` returning the matrix state S alone: with normalize=True the op's state is (S, z), and this
+  layer's cache keeps S only, so its normalizer sums the keys of each call."""
+  def call(*args, normalize, **kwargs):
+    o, state = op(*args, normalize=normalize, **kwargs)
+    return o, state[0] if normalize else state
+  return call
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearAttentionConfig(MixerConfig):
   num_heads: int = 8
@@ -70,8 +79,8 @@ class LinearAttention(LinearMixer):
   def __call__(self, x, cache=None, ctx: Context | None = None):
     q, k, v, conv = self.qkv(x, cache, ctx)
     q, k = self.feature_map_q(q), self.feature_map_k(k)
-    o, state = run_op(chunk_linear_attn, fused_recurrent_linear_attn, (q, k, v),
-                      state=self.state_of(cache), decode=self.decoding(x, cache),
+    o, state = run_op(_matrix_state(chunk_linear_attn), _matrix_state(fused_recurrent_linear_attn),
+                      (q, k, v), state=self.state_of(cache), decode=self.decoding(x, cache),
                       packing=ctx and ctx.packing, normalize=self.cfg.normalize,
                       backend=self.cfg.backend)
     return self.output(o, x), self.new_cache(cache, state, conv)

@@ -12,8 +12,10 @@ splits the sequence over that mesh axis (see its docstring).
 from __future__ import annotations
 
 import textwrap
+import warnings
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from pallas_kernels.common import checks, context, dispatch
@@ -32,7 +34,8 @@ class Dims(NamedTuple):
   D: int | None = None  # width of elementwise ops ([B, T, D])
 
   def shape(self, layout: str) -> tuple[int, ...]:
-    return tuple(getattr(self, axis) for axis in layout.strip("[]").split(", "))
+    return tuple(int(axis) if axis.isdigit() else getattr(self, axis)
+                 for axis in layout.strip("[]").split(", "))
 
 
 class State(NamedTuple):
@@ -48,6 +51,7 @@ class State(NamedTuple):
 
 
 MATRIX = State(("[N, H, K, V]",))  # the K x V state of every linear-attention family
+V_FIRST = State(("[N, H, V, K]",))  # the same with fla's state_v_first=True
 
 
 def dims(q, k, v, cu_seqlens, q_name: str = "q", context_axis: str | None = None) -> Dims:
@@ -56,6 +60,20 @@ def dims(q, k, v, cu_seqlens, q_name: str = "q", context_axis: str | None = None
   B, T, H, K, V = checks.check_qkv(q, k, v, q_name)
   return Dims(B, T, H, K, V, checks.num_sequences(B, context.global_length(T, cu_seqlens, context_axis),
                                                   cu_seqlens))
+
+
+def grouped_value_heads(q, k, v):
+  """fla's grouped value attention (GVA) of the delta rules: v (with the gates, beta and the state)
+  has HV heads, a multiple of the H heads of q and k, and q, k head h serves the HV / H value heads
+  from h HV / H on. q and k are repeated to HV heads here (their gradients sum back), so every
+  backend runs it; other shapes pass through to the shape checks."""
+  if getattr(q, "ndim", None) != 4 or getattr(v, "ndim", None) != 4 or v.shape[2] == q.shape[2]:
+    return q, k
+  H, HV = q.shape[2], v.shape[2]
+  if HV % H:
+    raise ValueError(f"`v` has {HV} heads, not a multiple of the {H} heads of q and k (grouped value "
+                     "heads need HV % H == 0)")
+  return jnp.repeat(q, HV // H, axis=2), jnp.repeat(k, HV // H, axis=2)
 
 
 def elementwise_dims(x, cu_seqlens, name: str = "x", context_axis: str | None = None) -> Dims:
@@ -104,15 +122,21 @@ def concrete_state(state, spec: State, d: Dims):
 
 def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_final_state,
         cu_seqlens, backend, interpret, state: State = MATRIX, context_axis: str | None = None,
-        transition: context.Transition | None = None, **options):
+        transition: context.Transition | None = None, reverse: bool = False,
+        state_v_first: bool = False, **options):
   """Makes the initial state concrete, dispatches, and returns (o, final_state or None).
 
   `options` go to the backend as keywords; `scale=None` becomes the default K ** -0.5. A Pallas
   backend module may define `unsupported(*args) -> reason or None` to decline inputs (see
   dispatch.resolve). With `context_axis`, T is split over that mesh axis and `common.context.run`
-  wraps the backend, with the family's `transition`.
+  wraps the backend, with the family's `transition`. fla's `reverse` and `state_v_first` are done
+  here for every backend: `reverse` reads every sequence backwards (see `run_reversed`),
+  `state_v_first` takes and returns the matrix state as [N, H, V, K].
   """
-  h0 = concrete_state(initial_state, state, d)
+  if state_v_first:
+    h0 = jnp.swapaxes(concrete_state(initial_state, V_FIRST, d), -1, -2)
+  else:
+    h0 = concrete_state(initial_state, state, d)
   if "scale" in options and options["scale"] is None:
     options["scale"] = d.K ** -0.5
 
@@ -121,11 +145,95 @@ def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_f
                           supports=lambda mod: getattr(mod, "unsupported", lambda *a: None)(*args))
     return fn(*args, initial_state=initial_state, cu_seqlens=cu_seqlens, **options)
 
-  if context_axis is not None:
-    return context.run(transition, call, args, h0, cu_seqlens, context_axis,
+  if reverse:
+    if context_axis is not None:
+      raise ValueError("`reverse=True` cannot be combined with `context_axis` (the slices would run "
+                       "in the opposite device order); reverse the inputs before splitting them")
+    o, S = run_reversed(call, args, h0, cu_seqlens)
+  elif context_axis is not None:
+    o, S = context.run(transition, call, args, h0, cu_seqlens, context_axis,
                        output_final_state=output_final_state, scale=options.get("scale"))
-  o, S = call(args, h0, cu_seqlens)
-  return o, S if output_final_state else None
+  else:
+    o, S = call(args, h0, cu_seqlens)
+  if not output_final_state:
+    return o, None
+  return o, jnp.swapaxes(S, -1, -2) if state_v_first else S
+
+
+def run_reversed(call, args: tuple, initial_state, cu_seqlens):
+  """fla's `reverse=True`: every sequence read from its last token to its first, as `call(args,
+  initial_state, cu_seqlens) -> (o, final_state)` computes it on the time-flipped inputs (those of
+  rank >= 3, [B, T, ...]; per-head inputs such as RWKV-6's u stay). With cu_seqlens the packed
+  sequences come out in the opposite order, so their offsets and states are flipped too."""
+  T = args[0].shape[1]
+  flipped = tuple(x if x is None or x.ndim < 3 else jnp.flip(x, 1) for x in args)
+  if cu_seqlens is None:
+    o, S = call(flipped, initial_state, None)
+    return jnp.flip(o, 1), S
+  by_sequence = lambda tree: jax.tree_util.tree_map(lambda s: jnp.flip(s, 0), tree)
+  cu = (T - jnp.flip(cu_seqlens)).astype(cu_seqlens.dtype)
+  o, S = call(flipped, by_sequence(initial_state), cu)
+  return jnp.flip(o, 1), by_sequence(S)
+
+
+def fla_kwargs(op: str, kwargs: dict, *, state_v_first: bool | None = None, takes: tuple = ()):
+  """The `**kwargs` of an fla op, read as fla reads them. `head_first=False` warns (fla removed the
+  option; [B, T, H, ...] is the only layout) and `head_first=True` raises. `transpose_state_layout`
+  (ops with `state_v_first`) warns and stands for `state_v_first`, as in fla. `chunk_size` is
+  accepted where fla pops it (a power of two): the backends choose their own chunk length, and
+  the result does not depend on it. `takes` names the keywords the op reads from its kwargs (e.g.
+  chunk_gated_delta_rule's `A_log`). Any other keyword raises a TypeError (fla ignores it).
+  Returns (state_v_first, {name: value} for the names in `takes`)."""
+  kwargs = dict(kwargs)
+  if "head_first" in kwargs:
+    if kwargs.pop("head_first"):
+      raise ValueError(f"{op}: `head_first=True` ([B, H, T, ...] inputs) has been removed, as in fla; "
+                       "pass [B, T, H, ...]")
+    warnings.warn("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.",
+                  DeprecationWarning, stacklevel=3)
+  if state_v_first is not None and "transpose_state_layout" in kwargs:
+    if state_v_first:
+      raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+    warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                  DeprecationWarning, stacklevel=3)
+    state_v_first = kwargs.pop("transpose_state_layout")
+  if op.startswith("chunk_") and "chunk_size" in kwargs:
+    size = kwargs.pop("chunk_size")
+    if size is not None and not (isinstance(size, int) and size > 0 and size & (size - 1) == 0):
+      raise ValueError(f"{op}: `chunk_size` must be a power of 2; got {size!r}")
+  taken = {name: kwargs.pop(name) for name in takes if name in kwargs}
+  if kwargs:
+    raise TypeError(f"{op}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+  return state_v_first, taken
+
+
+def only_on_scan(option: str, backend: str, context_axis) -> str:
+  """The backend for an option only the float32 scan implements (fla's `gv`): "auto" takes "xla"
+  (whose fused_recurrent_* is the scan), "xla" and "reference" stay; a Pallas backend or
+  context_axis raises, naming the option."""
+  if backend in dispatch.PALLAS_BACKENDS:
+    raise ValueError(f"`{option}` is not supported by backend={backend!r}: only the reference scan "
+                     "implements it; use backend='xla' or 'reference'")
+  if context_axis is not None:
+    raise ValueError(f"`{option}` cannot be combined with `context_axis`")
+  return "xla" if backend == "auto" else backend
+
+
+def delta_beta(beta, d: Dims, kind: str):
+  """The delta rules' beta: [B, T, H], or for fused_recurrent (as fla's decode kernels take it)
+  [B, T, H, V], a write strength per value channel. Returns (beta, whether it is per channel)."""
+  per_channel = kind == "fused_recurrent" and getattr(beta, "ndim", None) == 4
+  return gate("beta", beta, d, "[B, T, H, V]" if per_channel else "[B, T, H]"), per_channel
+
+
+def beta_activation(beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+  """fla's in-kernel beta: sigmoid(beta) (2 sigmoid(beta) with allow_neg_eigval, eigenvalues of the
+  transition in (-1, 1)) in float32, else beta as given."""
+  if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+    raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+  if not use_beta_sigmoid_in_kernel:
+    return beta
+  return jax.nn.sigmoid(beta.astype(F32)) * (2.0 if allow_neg_eigval else 1.0)
 
 
 KIND_PHRASES = {"chunk": ", chunked (training and prefill)", "fused_recurrent": ", token by token (decode)"}
@@ -140,6 +248,10 @@ def common_args(state: State = MATRIX, scale: bool = True) -> str:
   return ("  scale: query scale, default K ** -0.5.\n" if scale else "") + state_line + f"""
   output_final_state: return the float32 final state (same layout) instead of None.
   cu_seqlens: int32 [N + 1] offsets of packed sequences (B == 1); the state resets at each boundary.
+  Where the op takes them, as in fla: reverse: read every sequence from its last token to its
+    first. state_v_first: initial and final states as [N, H, V, K]. cu_seqlens_cpu: accepted, not
+    needed (concrete cu_seqlens are checked as they are). **kwargs: head_first=False and
+    transpose_state_layout warn as in fla, chunk_size is accepted, another keyword raises.
   backend: "auto" | "reference" | "xla" | "gpu" | "tpu".  interpret: run a Pallas kernel interpreted.
   context_axis: None, or a mesh axis bound here (inside jax.shard_map) over which T is split into
     contiguous equal slices: pass this device's slice of every [B, T, ...] input and get its slice of

@@ -2,6 +2,8 @@
 with g = 0: its backends are adapters onto `pallas_kernels.gated_delta_rule`'s."""
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from pallas_kernels.common import api
 from pallas_kernels.common.chunk import l2norm
 from pallas_kernels.delta_rule.transition import TRANSITION
@@ -12,15 +14,18 @@ _DOC = """Delta rule{kind} (fla's `{fla}_delta_rule`).
 
 Args:
   q, k: [B, T, H, K]. v: [B, T, H, V].
-  beta: [B, T, H] write strengths (usually sigmoid outputs).
+  beta: [B, T, H] write strengths (usually sigmoid outputs); fused_recurrent_delta_rule's default
+    is ones, as fla's.
   use_qk_l2norm_in_kernel: L2-normalise q and k over K first (as the layers do); without it keep
     ||k|| <= 1 for a stable recurrence.
 """
 
 
-def _run(kind, q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-         use_qk_l2norm_in_kernel, backend, interpret, context_axis):
+def _run(kind, q, k, v, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+         cu_seqlens, backend, interpret, context_axis):
   d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
+  if beta is None and kind == "fused_recurrent":  # fla's default there; the chunk op needs beta
+    beta = jnp.ones(q.shape[:3], api.F32)
   beta = api.gate("beta", beta, d, "[B, T, H]")
   if use_qk_l2norm_in_kernel:
     q, k = l2norm(q), l2norm(k)
@@ -31,17 +36,19 @@ def _run(kind, q, k, v, beta, scale, initial_state, output_final_state, cu_seqle
 
 
 def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
-                     interpret=False, context_axis=None):
-  return _run("chunk", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-              use_qk_l2norm_in_kernel, backend, interpret, context_axis)
+                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, *,
+                     backend="auto", interpret=False, context_axis=None, **kwargs):
+  api.fla_kwargs("chunk_delta_rule", kwargs)
+  return _run("chunk", q, k, v, beta, scale, initial_state, output_final_state,
+              use_qk_l2norm_in_kernel, cu_seqlens, backend, interpret, context_axis)
 
 
-def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-                               cu_seqlens=None, use_qk_l2norm_in_kernel=False, backend="auto",
-                               interpret=False, context_axis=None):
-  return _run("fused_recurrent", q, k, v, beta, scale, initial_state, output_final_state, cu_seqlens,
-              use_qk_l2norm_in_kernel, backend, interpret, context_axis)
+def fused_recurrent_delta_rule(q, k, v, beta=None, scale=None, initial_state=None,
+                               output_final_state=False, use_qk_l2norm_in_kernel=False,
+                               cu_seqlens=None, *, backend="auto", interpret=False,
+                               context_axis=None):
+  return _run("fused_recurrent", q, k, v, beta, scale, initial_state, output_final_state,
+              use_qk_l2norm_in_kernel, cu_seqlens, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_delta_rule, fused_recurrent=fused_recurrent_delta_rule)

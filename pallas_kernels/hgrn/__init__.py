@@ -28,14 +28,14 @@ def _run(kind, x, g, initial_state, output_final_state, cu_seqlens, backend, int
                  transition=TRANSITION)
 
 
-def chunk_hgrn(x, g, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto",
+def chunk_hgrn(x, g, initial_state=None, output_final_state=False, *, cu_seqlens=None, backend="auto",
                interpret=False, context_axis=None):
   return _run("chunk", x, g, initial_state, output_final_state, cu_seqlens, backend, interpret,
               context_axis)
 
 
 def fused_recurrent_hgrn(x, g, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         backend="auto", interpret=False, context_axis=None):
+                         *, backend="auto", interpret=False, context_axis=None):
   return _run("fused_recurrent", x, g, initial_state, output_final_state, cu_seqlens, backend,
               interpret, context_axis)
 

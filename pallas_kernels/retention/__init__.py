@@ -15,25 +15,28 @@ Args:
 """
 
 
-def _run(kind, q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend, interpret,
-         context_axis):
+def _run(kind, q, k, v, scale, initial_state, output_final_state, reverse, state_v_first, cu_seqlens,
+         backend, interpret, context_axis):
   d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   return api.run("retention", kind, d, (q, k, v), scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                 interpret=interpret, context_axis=context_axis,
-                 transition=TRANSITION)
+                 interpret=interpret, context_axis=context_axis, reverse=reverse,
+                 state_v_first=state_v_first, transition=TRANSITION)
 
 
 def chunk_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                    cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
-  return _run("chunk", q, k, v, scale, initial_state, output_final_state, cu_seqlens, backend,
-              interpret, context_axis)
+                    cu_seqlens=None, *, backend="auto", interpret=False, context_axis=None, **kwargs):
+  api.fla_kwargs("chunk_retention", kwargs)
+  return _run("chunk", q, k, v, scale, initial_state, output_final_state, False, False, cu_seqlens,
+              backend, interpret, context_axis)
 
 
 def fused_recurrent_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                              cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
-  return _run("fused_recurrent", q, k, v, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret, context_axis)
+                              reverse=False, state_v_first=False, cu_seqlens=None, *, backend="auto",
+                              interpret=False, context_axis=None, **kwargs):
+  state_v_first, _ = api.fla_kwargs("fused_recurrent_retention", kwargs, state_v_first=state_v_first)
+  return _run("fused_recurrent", q, k, v, scale, initial_state, output_final_state, reverse,
+              state_v_first, cu_seqlens, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_retention, fused_recurrent=fused_recurrent_retention)

@@ -17,27 +17,30 @@ Args:
 """
 
 
-def _run(kind, r, k, v, w, u, scale, initial_state, output_final_state, cu_seqlens, backend,
+def _run(kind, r, k, v, w, u, scale, initial_state, output_final_state, reverse, cu_seqlens, backend,
          interpret, context_axis):
   d = api.dims(r, k, v, cu_seqlens, q_name="r", context_axis=context_axis)
   w = api.log_decay_gate("w", w, d, "[B, T, H, K]")
   u = api.gate("u", u, d, "[H, K]")
   return api.run("rwkv6", kind, d, (r, k, v, w, u), scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state, cu_seqlens=cu_seqlens, backend=backend,
-                 interpret=interpret, context_axis=context_axis,
+                 interpret=interpret, context_axis=context_axis, reverse=reverse,
                  transition=TRANSITION)
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False,
-                cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
-  return _run("chunk", r, k, v, w, u, scale, initial_state, output_final_state, cu_seqlens, backend,
-              interpret, context_axis)
+                cu_seqlens=None, cu_seqlens_cpu=None, *, backend="auto", interpret=False,
+                context_axis=None, **kwargs):
+  api.fla_kwargs("chunk_rwkv6", kwargs)
+  return _run("chunk", r, k, v, w, u, scale, initial_state, output_final_state, False, cu_seqlens,
+              backend, interpret, context_axis)
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False,
-                          cu_seqlens=None, backend="auto", interpret=False, context_axis=None):
-  return _run("fused_recurrent", r, k, v, w, u, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret, context_axis)
+                          reverse=False, cu_seqlens=None, *, backend="auto", interpret=False,
+                          context_axis=None):
+  return _run("fused_recurrent", r, k, v, w, u, scale, initial_state, output_final_state, reverse,
+              cu_seqlens, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_rwkv6, fused_recurrent=fused_recurrent_rwkv6)

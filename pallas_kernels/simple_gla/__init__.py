@@ -17,29 +17,33 @@ Args:
 """
 
 
-def _run(kind, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, backend,
-         interpret, context_axis):
+def _run(kind, q, k, v, g, g_gamma, scale, initial_state, output_final_state, reverse, state_v_first,
+         cu_seqlens, backend, interpret, context_axis):
   d = api.dims(q, k, v, cu_seqlens, context_axis=context_axis)
   g = api.log_decay_gate("g", g, d, "[B, T, H]", optional=True)
   g_gamma = api.log_decay_gate("g_gamma", g_gamma, d, "[H]", optional=True)
   return api.run("simple_gla", kind, d, (q, k, v, g, g_gamma), scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
                  cu_seqlens=cu_seqlens, backend=backend, interpret=interpret, context_axis=context_axis,
-                 transition=TRANSITION)
+                 reverse=reverse, state_v_first=state_v_first, transition=TRANSITION)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                     output_final_state=False, cu_seqlens=None, backend="auto", interpret=False,
-                     context_axis=None):
-  return _run("chunk", q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
-              backend, interpret, context_axis)
+                     output_final_state=False, state_v_first=False, cu_seqlens=None,
+                     cu_seqlens_cpu=None, *, backend="auto", interpret=False, context_axis=None,
+                     **kwargs):
+  api.fla_kwargs("chunk_simple_gla", kwargs)
+  return _run("chunk", q, k, v, g, g_gamma, scale, initial_state, output_final_state, False,
+              state_v_first, cu_seqlens, backend, interpret, context_axis)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                               output_final_state=False, cu_seqlens=None, backend="auto",
-                               interpret=False, context_axis=None):
+                               output_final_state=False, reverse=False, state_v_first=False,
+                               cu_seqlens=None, *, backend="auto", interpret=False,
+                               context_axis=None, **kwargs):
+  state_v_first, _ = api.fla_kwargs("fused_recurrent_simple_gla", kwargs, state_v_first=state_v_first)
   return _run("fused_recurrent", q, k, v, g, g_gamma, scale, initial_state, output_final_state,
-              cu_seqlens, backend, interpret, context_axis)
+              reverse, state_v_first, cu_seqlens, backend, interpret, context_axis)
 
 
 api.document(_DOC, chunk=chunk_simple_gla, fused_recurrent=fused_recurrent_simple_gla)

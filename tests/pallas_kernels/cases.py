@@ -8,6 +8,8 @@ return the op's positional inputs as an ordered dict of float32 arrays; gated fa
 import dataclasses
 import functools
 
+import jax.numpy as jnp
+
 from pallas_kernels.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
 from pallas_kernels.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from pallas_kernels.gla import chunk_gla, fused_recurrent_gla
@@ -80,7 +82,9 @@ SIMPLE_GLA_GAMMA_ONLY = OpCase("simple_gla[g_gamma]", g_gamma_by_keyword(chunk_s
 # Retention: simple GLA with the fixed decay log(1 - 2**(-5-h)), so q, k, v are its only inputs.
 RETENTION = OpCase("retention", chunk_retention, fused_recurrent_retention, qkv, matrix_state)
 
-LINEAR_ATTN = OpCase("linear_attn", chunk_linear_attn, fused_recurrent_linear_attn, qkv, matrix_state)
+# chunk_linear_attn normalizes by default (fla's default); this case is the plain recurrence.
+LINEAR_ATTN = OpCase("linear_attn", functools.partial(chunk_linear_attn, normalize=False),
+                     fused_recurrent_linear_attn, qkv, matrix_state)
 
 
 def positive_features(rng, B, T, H, K, V):
@@ -89,10 +93,15 @@ def positive_features(rng, B, T, H, K, V):
               v=normal(rng, B, T, H, V))
 
 
+def normalizer_state(rng, N, H, K, V):
+  """normalize=True's state: (S_0, z_0 [N, 1, H, K]), z_0 a positive running key sum."""
+  return matrix_state(rng, N, H, K, V), sigmoid(normal(rng, N, 1, H, K))
+
+
 LINEAR_ATTN_NORMALIZED = OpCase("linear_attn[normalize]",
                                 functools.partial(chunk_linear_attn, normalize=True),
                                 functools.partial(fused_recurrent_linear_attn, normalize=True),
-                                positive_features, matrix_state)
+                                positive_features, normalizer_state)
 
 
 # --- delta-rule families: the gated delta rule's core and the ops that re-route to it ------------
@@ -107,8 +116,13 @@ def gdn_inputs(rng, B, T, H, K, V, gate_scale=1.0):
   )
 
 
-GDN = OpCase("gated_delta_rule", chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_inputs,
-             matrix_state, gates=("g", "beta"))
+def beta_by_keyword(op):
+  """fused_recurrent_gated_delta_rule with beta as its 5th positional input (fla puts gk, gv there)."""
+  return lambda q, k, v, g, beta, **kw: op(q, k, v, g, beta=beta, **kw)
+
+
+GDN = OpCase("gated_delta_rule", chunk_gated_delta_rule, beta_by_keyword(fused_recurrent_gated_delta_rule),
+             gdn_inputs, matrix_state, gates=("g", "beta"))
 
 
 def delta_rule_inputs(rng, B, T, H, K, V, beta_scale=1.0):
@@ -179,3 +193,55 @@ def steep(case, **kw):
   input maker too (e.g. mLSTM's f_shift)."""
   return dataclasses.replace(case, name=case.name + "[steep]",
                              make_inputs=lambda *a: case.make_inputs(*a, gate_scale=10.0, **kw))
+
+
+# --- fla's options: the calls fla 0.6.0's layers make, and the options they exercise -----------
+
+def with_options(case, suffix, *, chunk=None, fused_recurrent=None, **options):
+  """`case` with `options` passed to both ops (or the given op wrappers)."""
+  return dataclasses.replace(case, name=f"{case.name}[{suffix}]",
+                             chunk=chunk or functools.partial(case.chunk, **options),
+                             fused_recurrent=fused_recurrent or functools.partial(case.fused_recurrent,
+                                                                                  **options))
+
+
+def v_first_state(rng, N, H, K, V):
+  """The [N, H, V, K] initial state of state_v_first=True."""
+  return matrix_state(rng, N, H, V, K)
+
+
+def raw_gate_inputs(rng, B, T, H, K, V, per_channel=False):
+  """What fla's GatedDeltaNet / KDA layers hand the op: raw gate g (a_proj / f_proj outputs), beta
+  logits, A_log = log(U(1, 16)) [H] and dt_bias ([H], or [H * K] per channel)."""
+  width = (K,) if per_channel else ()
+  return dict(q=normal(rng, B, T, H, K), k=normal(rng, B, T, H, K), v=normal(rng, B, T, H, V),
+              g=normal(rng, B, T, H, *width), beta=normal(rng, B, T, H),
+              A_log=jnp.log(jnp.asarray(rng.uniform(1.0, 16.0, H), jnp.float32)),
+              dt_bias=normal(rng, H * (K if per_channel else 1), scale=0.5, shift=-3.0))
+
+
+def fla_layer_call(op, **options):
+  """`op` called as fla's GatedDeltaNet / KDA layer calls it: the raw gate, A_log and dt_bias by
+  keyword, L2-normalised q and k, beta logits through 2 sigmoid, the state V-first."""
+  return lambda q, k, v, g, beta, A_log, dt_bias, **kw: op(
+      q, k, v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=True,
+      use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+      state_v_first=True, **options, **kw)
+
+
+GDN_FLA_LAYER = OpCase("gated_delta_rule[fla layer]", fla_layer_call(chunk_gated_delta_rule),
+                       fla_layer_call(fused_recurrent_gated_delta_rule), raw_gate_inputs, v_first_state,
+                       gates=("g", "beta", "A_log", "dt_bias"), static_inputs=("A_log", "dt_bias"))
+KDA_FLA_LAYER = OpCase("kda[fla layer]", fla_layer_call(chunk_kda), fla_layer_call(fused_recurrent_kda),
+                       functools.partial(raw_gate_inputs, per_channel=True), v_first_state,
+                       gates=("g", "beta", "A_log", "dt_bias"), static_inputs=("A_log", "dt_bias"))
+# KDA's bounded gate lower_bound sigmoid(exp(A_log) (g + dt_bias)), with fla's safe_gate.
+KDA_LOWER_BOUND = dataclasses.replace(
+    KDA_FLA_LAYER, name="kda[fla layer, lower_bound]",
+    chunk=fla_layer_call(chunk_kda, lower_bound=-5.0, safe_gate=True),
+    fused_recurrent=fla_layer_call(fused_recurrent_kda, lower_bound=-5.0))
+# fla's GLA and HGRN-2 layers: the per-key gate as gk, the state V-first.
+GLA_FLA_LAYER = dataclasses.replace(
+    GLA, name="gla[fla layer]", make_state=v_first_state,
+    chunk=functools.partial(chunk_gla, state_v_first=True),
+    fused_recurrent=lambda q, k, v, g, **kw: fused_recurrent_gla(q, k, v, gk=g, state_v_first=True, **kw))

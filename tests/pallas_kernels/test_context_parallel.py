@@ -23,9 +23,9 @@ T, H, K, V = 64, 2, 16, 16
 CU = np.array([0, 5, 5, 10, 48, 64], np.int32)  # slices of 16 (P = 4) or 32 (P = 2) tokens
 AXIS = "context"
 
-FAMILIES = {c.name: c for c in (cases.LINEAR_ATTN, cases.RETENTION, cases.SIMPLE_GLA, cases.GLA,
-                                cases.RWKV6, cases.DELTA_RULE, cases.GDN, cases.KDA, cases.HGRN,
-                                cases.MLSTM)}
+FAMILIES = {c.name: c for c in (cases.LINEAR_ATTN, cases.LINEAR_ATTN_NORMALIZED, cases.RETENTION,
+                                cases.SIMPLE_GLA, cases.GLA, cases.RWKV6, cases.DELTA_RULE, cases.GDN,
+                                cases.KDA, cases.HGRN, cases.MLSTM)}
 
 
 def draw(case, varlen: bool, seed: int = 0):
@@ -120,7 +120,7 @@ def check_context_parallel(case, devices, varlen: bool, backend: str = "xla", **
 # devices) or two (4 devices) slice boundaries). Every family runs on the float32 reference (the
 # cheapest to compile) in all four layouts; the chunked xla path runs the K x K transition (extra
 # value columns) and mLSTM's log space, a GPU kernel in interpret mode a decay a head.
-@pytest.mark.slow  # 20 cases of three multi-device programs each
+@pytest.mark.slow  # 22 cases of three multi-device programs each
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "cu_seqlens"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_sharded_equals_unsharded(family, varlen):

@@ -80,10 +80,13 @@ def mlstm64(q, k, v, i, f, state, scale, eps=1e-6):
 
 
 def normalized64(q, k, v, h0, scale):
-  """Linear attention with fla's normalizer: o_t / (scale q_t . sum_{s <= t} k_s + 1e-10)."""
-  o, S = additive64(q, k, v, 0.0, h0, scale)
-  den = np.sum(scale * q * np.cumsum(k, axis=1), -1, keepdims=True) + 1e-10
-  return o / den, S
+  """Linear attention with fla's normalizer from h0 = (S_0, z_0 [B, 1, H, K]):
+  o_t / (scale q_t . z_t + 1e-10), z_t = z_0 + sum_{s <= t} k_s; the state is (S, z_T)."""
+  S0, z0 = h0
+  o, S = additive64(q, k, v, 0.0, S0, scale)
+  z = z0 + np.cumsum(k, axis=1)
+  den = np.sum(scale * q * z, -1, keepdims=True) + 1e-10
+  return o / den, (S, z[:, -1:])
 
 
 def retention_g64(H):
