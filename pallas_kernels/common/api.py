@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.common import checks, context, dispatch
+from pallas_kernels.common import checks, context, dispatch, segments
 
 F32 = jnp.float32
 
@@ -129,8 +129,9 @@ def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_f
   `options` go to the backend as keywords; `scale=None` becomes the default K ** -0.5. A Pallas
   backend module may define `unsupported(*args) -> reason or None` to decline inputs (see
   dispatch.resolve). With `context_axis`, T is split over that mesh axis and `common.context.run`
-  wraps the backend, with the family's `transition`. fla's `reverse` and `state_v_first` are done
-  here for every backend: `reverse` reads every sequence backwards (see `run_reversed`),
+  wraps the backend, with the family's `transition`; under `segments.segment_parallel` a chunked
+  op runs on segments of T side by side (`common.segments`). fla's `reverse` and `state_v_first`
+  are done here for every backend: `reverse` reads every sequence backwards (see `run_reversed`),
   `state_v_first` takes and returns the matrix state as [N, H, V, K].
   """
   if state_v_first:
@@ -153,6 +154,9 @@ def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_f
   elif context_axis is not None:
     o, S = context.run(transition, call, args, h0, cu_seqlens, context_axis,
                        output_final_state=output_final_state, scale=options.get("scale"))
+  elif (n := segments.count(kind, d.B, d.T, d.H, transition)) > 1:
+    o, S = segments.run(transition, call, args, h0, cu_seqlens, n,
+                        output_final_state=output_final_state, scale=options.get("scale"))
   else:
     o, S = call(args, h0, cu_seqlens)
   if not output_final_state:
@@ -166,7 +170,7 @@ def run_reversed(call, args: tuple, initial_state, cu_seqlens):
   rank >= 3, [B, T, ...]; per-head inputs such as RWKV-6's u stay). With cu_seqlens the packed
   sequences come out in the opposite order, so their offsets and states are flipped too."""
   T = args[0].shape[1]
-  flipped = tuple(x if x is None or x.ndim < 3 else jnp.flip(x, 1) for x in args)
+  flipped = tuple(jnp.flip(x, 1) if segments.is_time_major(x) else x for x in args)
   if cu_seqlens is None:
     o, S = call(flipped, initial_state, None)
     return jnp.flip(o, 1), S

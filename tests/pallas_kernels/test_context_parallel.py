@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
+from pallas_kernels.common.segments import choose_segments, segment_parallel
 from tests.pallas_kernels import cases, harness
 
 F32 = jnp.float32
@@ -91,18 +92,27 @@ def outputs_and_grads(op, inputs, state, cotangents, cu):
   return out, (dict(zip(names, g[0])), g[1])
 
 
-def check_context_parallel(case, devices, varlen: bool, backend: str = "xla", **kw):
+def segmented(case, segments: int, names, **kw):
+  """case.chunk on one device with T run as `segments` segments side by side (common.segments)."""
+  def op(xs, state, cu):
+    with segment_parallel(segments):
+      return case.chunk(*xs, initial_state=state, output_final_state=True, cu_seqlens=cu, **kw)
+  return op
+
+
+def check_context_parallel(case, devices, varlen: bool, backend: str = "xla", split=sharded, **kw):
   """Asserts the op on `backend` sharded over each device count in `devices` (an int or a tuple)
   equals it unsharded (on the xla path for a Pallas backend), within the float32 tolerance of
-  DESIGN.md. The unsharded program is compiled once for all device counts."""
+  DESIGN.md. The unsharded program is compiled once for all device counts. `split=segmented`:
+  the segments of one device instead of devices."""
   inputs, state, cotangents = draw(case, varlen)
   cu = jnp.asarray(CU) if varlen else None
   whole = unsharded(case, backend="xla" if backend in ("gpu", "tpu") else backend)
   (o_ref, S_ref), g_ref = outputs_and_grads(whole, inputs, state, cotangents, cu)
   tol = harness.tolerance(F32, "out")  # float32: 1e-4 on everything
   for n in (devices,) if isinstance(devices, int) else devices:
-    split = sharded(case, n, list(inputs), backend=backend, **kw)
-    (o, S), g = outputs_and_grads(split, inputs, state, cotangents, cu)
+    (o, S), g = outputs_and_grads(split(case, n, list(inputs), backend=backend, **kw), inputs, state,
+                                  cotangents, cu)
     errors = {"o": harness.rel_rms(o, o_ref)}
     for i, (a, b) in enumerate(harness.paired_leaves(S, S_ref, "final_state")):
       errors[f"final_state[{i}]"] = harness.rel_rms(a, b)
@@ -138,6 +148,38 @@ def test_gpu_kernel_sharded_equals_unsharded():
   """A Pallas GPU kernel (interpret mode) under the same cross-device program: retention, on the
   simple GLA kernels."""
   check_context_parallel(FAMILIES["retention"], 2, varlen=False, backend="gpu", interpret=True)
+
+
+# Segment parallelism is the same program with the slices as a vmap axis of one device: every family
+# on the reference in both layouts, at 4 segments (sequences crossing two boundaries); the chunked
+# xla path and a GPU kernel in interpret mode as above.
+@pytest.mark.slow
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "cu_seqlens"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_in_segments_equals_whole(family, varlen):
+  check_context_parallel(FAMILIES[family], 4, varlen, backend="reference", split=segmented)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,backend,kw", [("gated_delta_rule", "xla", {}), ("mlstm", "xla", {}),
+                                               ("gla", "gpu", {"interpret": True})])
+def test_backends_in_segments_equal_whole(family, backend, kw):
+  check_context_parallel(FAMILIES[family], 2, True, backend=backend, split=segmented, **kw)
+
+
+def test_segment_count_fills_the_device_and_keeps_segments_long():
+  assert choose_segments(1, 32768, 4, sms=132) == 16       # B x H = 4: 16 segments of 2,048
+  assert choose_segments(1, 4096, 4, sms=132) == 4         # segments of at least 1,024 tokens
+  assert choose_segments(8, 32768, 16, sms=132) == 2       # 128 programs: two waves at 2 segments
+  assert choose_segments(32, 4096, 16, sms=132) == 1       # the batch fills the device
+  assert choose_segments(1, 3000, 4, sms=132) == 1         # no whole 64-token chunks per segment
+  x = cases.gla_inputs(np.random.default_rng(0), 1, 48, 2, 8, 8)
+  with pytest.raises(ValueError, match="`segments=5` must divide the sequence length T = 48"):
+    with segment_parallel(5):
+      cases.GLA.chunk(*x.values())
+  with pytest.raises(ValueError, match="positive int"):
+    with segment_parallel(0):
+      pass
 
 
 @pytest.mark.gpu
