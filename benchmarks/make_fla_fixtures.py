@@ -39,6 +39,7 @@ biases, HGRN's lower bounds and the other constant-initialised parameters are ex
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import datetime
 import json
 import os
@@ -135,6 +136,9 @@ def install_flash_attn_stand_in():
     return torch.cat(outs)
 
   module = types.ModuleType("flash_attn")
+  # transformers asks importlib.util.find_spec whether flash_attn is there, which needs a spec; with
+  # no distribution metadata behind it, transformers still counts flash_attn as absent
+  module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
   module.__doc__ = "A stand-in for flash_attn over torch SDPA (benchmarks/make_fla_fixtures.py)."
   module.flash_attn_func, module.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
   sys.modules["flash_attn"] = module
