@@ -288,12 +288,22 @@ def _finish_profile(state, step: int, steps: int, started: float, workdir: str):
 def _stop_non_finite(mngr, step: int, state, data_iter, config, m: dict, workdir: str):
   """Raises TrainingStopped for a non-finite step `step + 1`, after logging the diagnosis (first,
   so that a failing save cannot hide it) and making sure the unchanged `state` is on disk: a step
-  saved just before (periodically, or the restored one) already holds it."""
+  saved just before (periodically, or the restored one) already holds it. Only a step that passes
+  its checksums is named the last good state: one restored unverified may be what went wrong."""
   diagnosis = (f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
                f"grad_norm={float(m['grad_norm'])})")
   log.error("%s; training stops", diagnosis)
   if step in mngr.all_steps():
-    where = f"step {step}, checkpointed before this step, holds the last good state"
+    mngr.seal()  # a step this run saved is verified once sealed; one it restored unverified is not
+    if checkpoint.verify(mngr, step) is None:
+      where = f"step {step}, checkpointed before this step, holds the last good state"
+    else:
+      newest = next((s for s in sorted(mngr.all_steps(), reverse=True)
+                     if checkpoint.verify(mngr, s) is None), None)
+      where = (f"step {step}, the state before this step, was restored without "
+               f"{checkpoint.CHECKSUMS} and may itself be damaged; "
+               + (f"the newest verified step is {newest} (--config.train.restore_step={newest})"
+                  if newest is not None else "no step is verified"))
   else:
     try:
       checkpoint.save(mngr, step, state, data_iter, config)
