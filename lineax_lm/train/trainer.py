@@ -32,7 +32,7 @@ from lineax_lm import sharding, storage
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
 from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
-from lineax_lm.train import distributed, validation
+from lineax_lm.train import distributed, lock, validation
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32
@@ -321,6 +321,11 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
   storage.as_path(workdir).mkdir(parents=True, exist_ok=True)  # local or gs://
+  with lock.WorkdirLock(workdir):  # one trainer per workdir
+    return _train(config, workdir, objective, mesh, model_cfg)
+
+
+def _train(config, workdir: str, objective: Objective | None, mesh, model_cfg: ModelConfig) -> dict:
   t = config.train
   objective = objective or Objective()
   dataset = objective.dataset or make_dataset
