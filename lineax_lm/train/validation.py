@@ -147,14 +147,36 @@ def _lookup(config, field: str):
   return True, node
 
 
-def range_errors(config, rules=RULES) -> list[str]:
-  """One line per field of `config` outside its range in `rules` (fields it lacks are skipped)."""
+def range_errors(config, rules=RULES, prefix: str = "config.") -> list[str]:
+  """One line per field of `config` outside its range in `rules` (fields it lacks are skipped),
+  each naming the field as `prefix` + its dotted name."""
   errors = []
   for field, allowed in rules:
     present, value = _lookup(config, field)
     if present and not allowed.allows(value):
-      errors.append(f"config.{field}={value!r}: must be {allowed.describe()}")
+      errors.append(f"{prefix}{field}={value!r}: must be {allowed.describe()}")
   return errors
+
+
+MODEL_RULES = tuple((field.removeprefix("model."), allowed) for field, allowed in RULES
+                    if field.startswith("model."))
+
+
+def check_model_config(model_cfg) -> None:
+  """ValueError listing every field of a ModelConfig out of its range in RULES (the table the
+  command line's config goes through), and a head count that does not divide `hidden` when the
+  attention layers take their head size from it."""
+  fields = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
+  errors = range_errors(fields, MODEL_RULES, prefix="ModelConfig.")
+  heads, hidden = fields["heads"], fields["hidden"]
+  if (not errors and fields["head_dim"] is None and hidden % heads
+      and model_cfg.attention_indices):
+    errors.append(f"ModelConfig.heads={heads} does not divide hidden={hidden}: the attention "
+                  f"layers' head size hidden // heads = {hidden // heads} would use "
+                  f"{heads * (hidden // heads)} of the {hidden} channels; set head_dim, or a "
+                  "head count that divides hidden")
+  if errors:
+    raise ValueError("invalid model config:\n  " + "\n  ".join(errors))
 
 
 def relation_errors(config) -> list[str]:
