@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any, Sequence
 
 import jax
@@ -26,8 +27,17 @@ from lineax_lm import storage
 from lineax_lm.models.generate import generate_ragged
 from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
 
+log = logging.getLogger("lineax_lm")
+
 MODEL_TYPE = "lineax_hybrid"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+# The sha256 of the weights and tokenizer files, and the config fields the tensors were saved with.
+CHECKSUMS_FILE = "lineax_checksums.json"
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CHECKSUMS_FILE)
+# ModelConfig fields that change how a saved model runs or was initialised, not what it computes:
+# config.json may be edited in these; any other edit makes it describe a different model.
+RUNTIME_FIELDS = frozenset({"dtype", "param_dtype", "remat", "backend", "attn_impl", "scan_layers",
+                            "max_segments", "init_std", "residual_init"})
 
 
 @dataclasses.dataclass
@@ -142,13 +152,15 @@ def config_dict(model_cfg: ModelConfig) -> dict:
   return d
 
 
-def save_pretrained(model: HybridLM, path, tokenizer=None) -> str:
+def save_pretrained(model: HybridLM, path, tokenizer=None, *, overwrite: bool = False) -> str:
   """Writes `model` (and `tokenizer`: the byte tokenizer or one read from a tokenizer.json) to
-  folder `path` in the Hugging Face layout; returns the folder."""
+  folder `path` in the Hugging Face layout, with the checksums `from_pretrained` verifies; returns
+  the folder. A folder that holds files already is refused unless `overwrite`, which first
+  removes the files of the model saved there (no stale tokenizer.json survives)."""
   from safetensors.flax import save as save_tensors
   import lineax_lm
   root = storage.as_path(path)
-  root.mkdir(parents=True, exist_ok=True)
+  _prepare_folder(root, overwrite)
   tensors = {".".join(map(str, key)): jnp.asarray(value)
              for key, value in _flat_params(model).items()}
   (root / WEIGHTS_FILE).write_bytes(save_tensors(tensors, metadata={"format": "flax"}))
@@ -157,18 +169,19 @@ def save_pretrained(model: HybridLM, path, tokenizer=None) -> str:
   if tokenizer is not None:
     meta["tokenizer"] = _save_tokenizer(tokenizer, root)
   (root / CONFIG_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+  _write_checksums(root, model.config)
   return str(root)
 
 
 def _load_saved(root) -> Pretrained:
-  from safetensors.flax import load as load_tensors
-  meta = json.loads((root / CONFIG_FILE).read_text())
-  if meta.get("model_type") != MODEL_TYPE:
-    raise ValueError(f"{root / CONFIG_FILE} has model_type {meta.get('model_type')!r}, not "
-                     f"{MODEL_TYPE!r}: not a lineax_lm model")
+  meta = _read_config(root)
   names = {f.name for f in dataclasses.fields(ModelConfig)}
-  model_cfg = ModelConfig(**{k: v for k, v in meta.items() if k in names})
-  tensors = load_tensors((root / WEIGHTS_FILE).read_bytes())
+  try:
+    model_cfg = ModelConfig(**{k: v for k, v in meta.items() if k in names})
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{root / CONFIG_FILE} does not describe a valid model: {e}") from None
+  saved = _verify_checksums(root)
+  tensors = _read_tensors(root)
   abstract = abstract_model(model_cfg)
   want = _flat_params(abstract)
   got = {tuple(_key_part(p) for p in name.split(".")): value for name, value in tensors.items()}
@@ -181,11 +194,96 @@ def _load_saved(root) -> Pretrained:
     if tuple(got[key].shape) != tuple(spec.shape):
       raise ValueError(f"{root / WEIGHTS_FILE}: {'.'.join(map(str, key))} has shape "
                        f"{tuple(got[key].shape)}, the config needs {tuple(spec.shape)}")
+  if saved is not None:
+    _check_saved_fields(root, model_cfg, saved)
   graphdef, state = nnx.split(abstract)
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(
       {k: jnp.asarray(got[k], want[k].dtype) for k in want}))
   model = nnx.merge(graphdef, state)
   return Pretrained(model, _load_tokenizer(meta.get("tokenizer"), root))
+
+
+def _prepare_folder(root, overwrite: bool):
+  """Creates folder `root`; one that holds files is refused unless `overwrite`, which removes the
+  files of a model saved there (MODEL_FILES) and leaves any other."""
+  present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+  if present and not overwrite:
+    shown = ", ".join(present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
+    raise FileExistsError(f"{root} is not empty ({shown}); pass overwrite=True to replace the model "
+                          "saved there, or choose an empty folder")
+  for name in MODEL_FILES:
+    if name in present:
+      (root / name).unlink()
+  root.mkdir(parents=True, exist_ok=True)
+
+
+def _architecture(model_cfg: ModelConfig) -> dict:
+  """The fields that define what the model computes, as JSON values."""
+  fields = config_dict(model_cfg)
+  return json.loads(json.dumps({k: v for k, v in fields.items() if k not in RUNTIME_FIELDS}))
+
+
+def _write_checksums(root, model_cfg: ModelConfig):
+  files = {name: list(storage.sha256(root / name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)
+           if (root / name).exists()}
+  record = {"algorithm": "sha256", "files": files, "model": _architecture(model_cfg)}
+  (root / CHECKSUMS_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+
+
+def _read_json(path, what: str):
+  try:
+    value = json.loads(path.read_text())
+  except ValueError as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object ({what}); it holds a {type(value).__name__}")
+  return value
+
+
+def _read_config(root) -> dict:
+  meta = _read_json(root / CONFIG_FILE, "the model's config")
+  if meta.get("model_type") != MODEL_TYPE:
+    raise ValueError(f"{root / CONFIG_FILE} has model_type {meta.get('model_type')!r}, not "
+                     f"{MODEL_TYPE!r}: not a lineax_lm model")
+  return meta
+
+
+def _verify_checksums(root) -> dict | None:
+  """Checks the files against `CHECKSUMS_FILE` and returns it; None (with a warning) for a folder
+  saved before checksums."""
+  path = root / CHECKSUMS_FILE
+  if not path.exists():
+    log.warning("%s has no %s (saved before checksums): loading it unverified", root, CHECKSUMS_FILE)
+    return None
+  saved = _read_json(path, "sha256 checksums")
+  for name, (size, digest) in sorted(saved.get("files", {}).items()):
+    if not (root / name).exists():
+      raise FileNotFoundError(f"{root / name} is missing ({path} lists it)")
+    if storage.sha256(root / name) != (size, digest):
+      raise ValueError(f"{root / name} does not match its sha256 in {CHECKSUMS_FILE}: the file "
+                       "changed since save_pretrained wrote it (damaged or replaced); save the "
+                       "model again")
+  return saved
+
+
+def _read_tensors(root) -> dict:
+  from safetensors.flax import load as load_tensors
+  try:
+    return load_tensors((root / WEIGHTS_FILE).read_bytes())
+  except Exception as e:  # safetensors raises its own error type for truncated or foreign files
+    raise ValueError(f"{root / WEIGHTS_FILE} is not a readable safetensors file (truncated or "
+                     f"damaged: {type(e).__name__}: {e})") from None
+
+
+def _check_saved_fields(root, model_cfg: ModelConfig, saved: dict):
+  """config.json's model fields against those the tensors were saved with: an edited head count or
+  rope_theta keeps every shape and loads a different model."""
+  was, now = saved.get("model", {}), _architecture(model_cfg)
+  changed = [f"{k}={now.get(k)!r} (saved with {was[k]!r})" for k in sorted(was) if now.get(k) != was[k]]
+  if changed:
+    raise ValueError(f"{root / CONFIG_FILE} does not describe the tensors in {WEIGHTS_FILE}: "
+                     f"{'; '.join(changed)}, as recorded in {CHECKSUMS_FILE}. Only "
+                     f"{', '.join(sorted(RUNTIME_FIELDS))} may be edited")
 
 
 def _flat_params(model) -> dict[tuple, Any]:

@@ -19,7 +19,6 @@ already exists.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -302,14 +301,8 @@ def _file_digests(step_dir: epath.Path) -> dict[str, list]:
     for name in files:
       path = epath.Path(root) / name
       rel = os.fspath(path.relative_to(step_dir))
-      if rel == CHECKSUMS:
-        continue
-      digest, size = hashlib.sha256(), 0
-      with path.open("rb") as f:
-        while block := f.read(1 << 20):
-          digest.update(block)
-          size += len(block)
-      out[rel] = [size, digest.hexdigest()]
+      if rel != CHECKSUMS:
+        out[rel] = list(storage.sha256(path))
   return out
 
 

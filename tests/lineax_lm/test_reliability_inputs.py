@@ -5,6 +5,7 @@ that are empty, truncated or not UTF-8, and eval lengths below 1."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import grain
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import lineax_lm
 from lineax_lm.data import text
 from lineax_lm.data.packing import check_segments, pack
 from lineax_lm.data.pipeline import data_vocab_size, default_data_config, make_dataset
@@ -20,6 +22,7 @@ from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill.gguf_file import read_gguf_llama
 from lineax_lm.distill.tokenizer import load_tokenizer_json
 from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.models.pretrained import from_pretrained, save_pretrained
 from lineax_lm.train import validation
 from lineax_lm.train.config import base_config
 from tests.lineax_lm.tiny import tiny_config
@@ -218,6 +221,19 @@ def test_every_bad_field_is_listed_at_once():
     assert text_ in str(e.value)
 
 
+@pytest.mark.parametrize("fields,message", [
+    (dict(vocab_size=0), r"ModelConfig.vocab_size=0: must be an integer >= 1"),
+    (dict(rope_theta=float("nan")), r"ModelConfig.rope_theta=nan: must be a number > 0"),
+    (dict(heads=3, attn_ratio="1:1"), r"ModelConfig.heads=3 does not divide hidden=32: the attention "
+                                      r"layers' head size hidden // heads = 10 would use 30 of the 32"),
+])
+def test_model_config_built_in_python_goes_through_the_range_table(fields, message):
+  with pytest.raises(ValueError, match=message):
+    tiny_config(**{"kv_heads": None, **fields})
+  tiny_config(heads=3, head_dim=8, kv_heads=None, attn_ratio="1:1")  # an explicit head size: fine
+  tiny_config(heads=3, kv_heads=None)  # no attention layer takes its head size from `heads`
+
+
 def test_bools_are_not_numbers():
   assert not validation.count(1).allows(True)
   assert validation.count(1, none=True).allows(None) and not validation.count(1).allows(None)
@@ -374,3 +390,87 @@ def test_eval_functions_reject_lengths_below_one():
   from lineax_lm.eval.__main__ import parse_args
   args = parse_args(["--workdir", "w", "--lengths", "64,128"])
   assert args.lengths == [64, 128] and args.efficiency_lengths == [2048, 8192, 32768]
+
+
+# ------------------------------------------------------------------------------ saved models
+@pytest.fixture(scope="module")
+def saved_model():
+  """A tiny model with attention layers whose key / value heads follow `heads` (no GQA): a changed
+  head count then keeps every tensor's shape."""
+  return HybridLM(tiny_config(vocab_size=259, attn_ratio="1:1", kv_heads=None), nnx.Rngs(0))
+
+
+def _edit_config(folder, **fields):
+  path = os.path.join(folder, "config.json")
+  with open(path) as f:
+    meta = json.load(f)
+  with open(path, "w") as f:
+    json.dump({**meta, **fields}, f)
+
+
+def test_saved_weights_with_garbage_bytes_are_refused(saved_model, tmp_path):
+  folder = save_pretrained(saved_model, tmp_path / "m", tokenizer=ByteTokenizer())
+  weights = tmp_path / "m" / "model.safetensors"
+  data = bytearray(weights.read_bytes())
+  data[len(data) // 2:len(data) // 2 + 256] = np.random.default_rng(0).bytes(256)
+  weights.write_bytes(bytes(data))
+  with pytest.raises(ValueError, match=rf"{weights} does not match its sha256 in "
+                                       r"lineax_checksums.json: the file changed since save_pretrained"):
+    from_pretrained(folder)
+
+
+@pytest.mark.parametrize("field,value", [("heads", 2), ("rope_theta", 500.0)])
+def test_a_config_edited_with_the_shapes_intact_is_refused(saved_model, tmp_path, field, value):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  _edit_config(folder, **{field: value})
+  saved = getattr(saved_model.config, field)
+  with pytest.raises(ValueError, match=rf"config.json does not describe the tensors in "
+                                       rf"model.safetensors: {field}={value!r} \(saved with {saved!r}\)"):
+    from_pretrained(folder)
+  _edit_config(folder, **{field: saved}, backend="reference", remat="full")  # how it runs: allowed
+  assert from_pretrained(folder).config.backend == "reference"
+
+
+def test_save_into_a_non_empty_folder_needs_overwrite_and_then_removes_the_old_model(saved_model,
+                                                                                    tmp_path):
+  from lineax_lm.data.tokenizer import HFTokenizer
+  folder = str(tmp_path / "m")
+  tok = HFTokenizer(write_tokenizer(str(tmp_path / "tok")), bos_token="</s>", eos_token="</s>",
+                    pad_token="</s>")
+  save_pretrained(saved_model, folder, tokenizer=tok)
+  (tmp_path / "m" / "README.md").write_text("notes")
+  with pytest.raises(FileExistsError, match=rf"{folder} is not empty \(README.md, config.json, "
+                                            r"lineax_checksums.json, model.safetensors, tokenizer"
+                                            r".json\); pass overwrite=True"):
+    save_pretrained(saved_model, folder, tokenizer=ByteTokenizer())
+  save_pretrained(saved_model, folder, tokenizer=ByteTokenizer(), overwrite=True)
+  assert sorted(os.listdir(folder)) == ["README.md", "config.json", "lineax_checksums.json",
+                                        "model.safetensors"]  # no stale tokenizer.json
+  assert isinstance(lineax_lm.load(folder).tokenizer, ByteTokenizer)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json", r"config.json is not valid JSON \(Expecting property name"),
+    ("[1, 2]", r"config.json must hold a JSON object \(the model's config\); it holds a list"),
+    (None, r"config.json does not describe a valid model: invalid model config:\n  "
+           r"ModelConfig.heads='4': must be an integer >= 1"),
+])
+def test_a_bad_config_json_names_the_file(saved_model, tmp_path, content, message):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  if content is None:
+    _edit_config(folder, heads="4")
+  else:
+    (tmp_path / "m" / "config.json").write_text(content)
+  with pytest.raises(ValueError, match=rf"{tmp_path / 'm'}/{message}"):
+    from_pretrained(folder)
+
+
+def test_a_truncated_safetensors_file_names_the_file(saved_model, tmp_path):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  weights = tmp_path / "m" / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:1000])
+  with pytest.raises(ValueError, match=rf"{weights} does not match its sha256"):
+    from_pretrained(folder)
+  os.remove(tmp_path / "m" / "lineax_checksums.json")  # a folder saved before checksums
+  with pytest.raises(ValueError, match=rf"{weights} is not a readable safetensors file \(truncated"):
+    from_pretrained(folder)
