@@ -24,7 +24,7 @@ import ml_collections
 from flax import nnx, traverse_util
 
 from lineax_lm import storage
-from lineax_lm.models.generate import generate_ragged
+from lineax_lm.models.generate import check_rng, generate_ragged
 from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
 
 log = logging.getLogger("lineax_lm")
@@ -59,7 +59,11 @@ class Pretrained:
       raise ValueError("this model has no text tokenizer (it trained on MQAR token ids): call "
                        "lineax_lm.generate_ragged(model, token_id_lists, ...) instead")
     single = isinstance(prompts, str)
-    texts = [prompts] if single else list(prompts)
+    texts = [prompts] if single else list(prompts) if isinstance(prompts, (list, tuple)) else None
+    if texts is None or not all(isinstance(t, str) for t in texts):
+      got = type(prompts).__name__ if texts is None else ", ".join(sorted({type(t).__name__ for t in texts}))
+      hint = " (decode bytes first: b'...'.decode())" if "bytes" in got else ""
+      raise ValueError(f"`prompts` must be a string or a list of strings; got {got}{hint}")
     ids = [[self.tokenizer.bos_id] + self.tokenizer.encode(t) for t in texts]
     new = generate_batches(self.model, ids, max_new_tokens, batch_size=batch_size,
                            eos_id=self.tokenizer.eos_id, temperature=temperature, top_k=top_k,
@@ -83,6 +87,7 @@ def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
     from tqdm.auto import tqdm
     bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
   rng = sampling.pop("rng", None)
+  check_rng(rng)
   for start in range(0, len(order), batch_size):
     idx = order[start:start + batch_size]
     batch = [prompts[i] for i in idx]

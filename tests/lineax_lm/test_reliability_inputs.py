@@ -22,7 +22,7 @@ from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill.gguf_file import read_gguf_llama
 from lineax_lm.distill.tokenizer import load_tokenizer_json
 from lineax_lm.models.hybrid import HybridLM, ModelConfig
-from lineax_lm.models.pretrained import from_pretrained, save_pretrained
+from lineax_lm.models.pretrained import Pretrained, from_pretrained, save_pretrained
 from lineax_lm.train import validation
 from lineax_lm.train.config import base_config
 from tests.lineax_lm.tiny import tiny_config
@@ -474,3 +474,46 @@ def test_a_truncated_safetensors_file_names_the_file(saved_model, tmp_path):
   os.remove(tmp_path / "m" / "lineax_checksums.json")  # a folder saved before checksums
   with pytest.raises(ValueError, match=rf"{weights} is not a readable safetensors file \(truncated"):
     from_pretrained(folder)
+
+
+# ------------------------------------------------------------------------------ generation
+@pytest.mark.parametrize("bad", [259, 10**6, -1])
+def test_prompt_ids_outside_the_vocabulary_are_refused(saved_model, bad):
+  message = rf"must hold token ids in \[0, vocab_size=259\); got ids from {min(bad, 5)} to {max(bad, 5)}"
+  with pytest.raises(ValueError, match=r"`prompt_ids` " + message):
+    lineax_lm.generate(saved_model, [[5, bad]], 2, temperature=0.0)
+  with pytest.raises(ValueError, match=r"`prompts\[1\]` " + message):
+    lineax_lm.generate_ragged(saved_model, [[5], [5, bad]], 2, temperature=0.0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=float("nan")), r"`temperature` must be a finite number >= 0 \(0: greedy\); got nan"),
+    (dict(temperature=1.0, rng=0), r"`rng` must be a jax.random key, e.g. jax.random.key\(0\); got int 0"),
+    (dict(temperature=0.0, eos_id=300), r"`eos_id` must be a token id in \[0, vocab_size=259\); got 300"),
+])
+def test_bad_sampling_arguments_name_the_argument(saved_model, kwargs, message):
+  for generate in (lineax_lm.generate, lineax_lm.generate_ragged):
+    with pytest.raises(ValueError, match=message):
+      generate(saved_model, [[1, 2]], 2, **kwargs)
+  if "eos_id" not in kwargs:  # text generation takes the tokenizer's
+    with pytest.raises(ValueError, match=message):
+      Pretrained(saved_model, ByteTokenizer()).generate("a", 2, **kwargs)
+
+
+@pytest.mark.parametrize("prompts,message", [
+    (b"The cat", r"got bytes \(decode bytes first: b'...'.decode\(\)\)"),
+    (None, r"got NoneType"), (["a", None], r"got NoneType, str"),
+])
+def test_text_prompts_must_be_strings(saved_model, prompts, message):
+  with pytest.raises(ValueError, match=r"`prompts` must be a string or a list of strings; " + message):
+    Pretrained(saved_model, ByteTokenizer()).generate(prompts, 2)
+
+
+def test_a_generation_too_large_for_memory_is_refused_up_front(saved_model):
+  from lineax_lm.models.generate import memory_limit
+  limit, what = memory_limit()
+  with pytest.raises(ValueError, match=rf"generating max_new_tokens={2**30} for 1 prompts \(a cache of "
+                                       rf"256.0 GiB for {2**30 + 16} tokens per row, plus the token "
+                                       rf"buffers\) needs 268.0 GiB, more than the {limit / 2**30:.1f} "
+                                       rf"GiB of {what}"):
+    lineax_lm.generate_ragged(saved_model, [[1, 2]], 2**30, temperature=0.0)
