@@ -114,7 +114,9 @@ def parse_flags(argv):
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:  # absl passes on what is not a flag: an unquoted path with a space, say
+    sys.exit(f"error: unexpected argument(s) {argv[1:]}: every argument is a --flag (quote a value "
+             "that holds spaces, e.g. --workdir='runs/my run')")
   # Multi-host: join the cluster the environment describes (TPU slice, SLURM, or the JAX_*
   # variables) before anything touches a device; INFO logs from process 0 only.
   try:

@@ -264,6 +264,23 @@ def implausibility(state, abstract_state, step: int | None = None) -> str:
   return ""
 
 
+def check_fresh_start(mngr: Manager, restore_step: int):
+  """For a run about to start from step 0 in a workdir without checkpoints: a requested
+  `restore_step` is an error (the run would silently train from scratch), and steps set aside
+  earlier are named (a run whose every step was set aside starts over, and should say so)."""
+  folder = mngr.directory.parent / SET_ASIDE
+  aside = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+  held = f"; {folder} holds {', '.join(aside)}" if aside else ""
+  if restore_step >= 0:
+    raise CheckpointError(f"config.train.restore_step={restore_step}, but {mngr.directory} holds no "
+                          f"checkpoint{held}. Move a step back into {mngr.directory} to resume from "
+                          "it, or use -1 to start from step 0")
+  if aside:
+    log.warning("no checkpoint in %s: training starts from step 0. Steps set aside earlier "
+                "(damaged or rolled back) are in %s: %s; move one back into %s to resume from it",
+                mngr.directory, folder, ", ".join(aside), mngr.directory)
+
+
 def restore_config(workdir: str, step: int | None = None) -> dict:
   """The config a run saved with its checkpoint (for eval and distillation)."""
   mngr = ocp.CheckpointManager(checkpoint_dir(workdir),

@@ -350,6 +350,7 @@ def _train(config, workdir: str, objective: Objective | None, mesh, model_cfg: M
                     "later steps again, so their checkpoints were moved aside (not deleted): %s",
                     step, ", ".join(moved))
     else:
+      checkpoint.check_fresh_start(mngr, t.restore_step)
       state = trainer.init(None if objective.init_params is None else objective.init_params())
     step = int(state["step"])
     log.info("model: %s, %.1fM parameters, mesh %s", model_cfg.mixer, trainer.num_params / 1e6,

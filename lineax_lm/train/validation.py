@@ -180,7 +180,7 @@ def check_model_config(model_cfg) -> None:
 
 
 def relation_errors(config) -> list[str]:
-  """Checks that span fields: the data's packing bound must fit the model's."""
+  """Checks that span fields: the data's packing bound must fit the model's, the warmup the run."""
   errors = []
   has_data, data_bound = _lookup(config, "data.max_segments")
   _, model_bound = _lookup(config, "model.max_segments")
@@ -193,6 +193,13 @@ def relation_errors(config) -> list[str]:
     errors.append(f"config.data.max_segments={data_bound}: must be <= config.model.max_segments="
                   f"{model_bound}, the sequences the model holds per packed row (more turn the "
                   "loss into NaN)")
+  _, warmup = _lookup(config, "train.warmup_steps")
+  _, steps = _lookup(config, "train.steps")
+  if (isinstance(warmup, numbers.Integral) and isinstance(steps, numbers.Integral)
+      and warmup > steps):
+    errors.append(f"config.train.warmup_steps={warmup}: must be <= config.train.steps={steps} "
+                  f"(the run would end at {steps / warmup:.0%} of the warmup, never near "
+                  "config.train.lr)")
   return errors
 
 

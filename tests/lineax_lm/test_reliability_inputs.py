@@ -234,6 +234,23 @@ def test_model_config_built_in_python_goes_through_the_range_table(fields, messa
   tiny_config(heads=3, kv_heads=None)  # no attention layer takes its head size from `heads`
 
 
+def test_warmup_longer_than_the_run_is_a_config_error():
+  config = base_config()
+  config.train.update(dict(steps=10, warmup_steps=100))
+  with pytest.raises(ValueError, match=r"config.train.warmup_steps=100: must be <= "
+                                       r"config.train.steps=10 \(the run would end at 10% of the warmup"):
+    validation.check_config(config)
+  config.train.warmup_steps = 10
+  validation.check_config(config)
+
+
+def test_stray_positional_arguments_are_refused():
+  from lineax_lm.train import __main__ as cli
+  with pytest.raises(SystemExit, match=r"unexpected argument\(s\) \['run'\]: every argument is a "
+                                       r"--flag \(quote a value that holds spaces"):
+    cli.main(["train", "run"])  # what absl leaves of `--workdir runs/my run`
+
+
 def test_bools_are_not_numbers():
   assert not validation.count(1).allows(True)
   assert validation.count(1, none=True).allows(None) and not validation.count(1).allows(None)

@@ -171,6 +171,28 @@ def test_an_unverified_step_is_never_named_the_last_good_state(tmp_path):
   mngr.close()
 
 
+def test_restore_step_without_a_checkpoint_is_an_error(tmp_path):
+  config = tiny_config()
+  config.train.restore_step = 5
+  with pytest.raises(checkpoint.CheckpointError, match=r"config.train.restore_step=5, but .*run/"
+                                                       r"checkpoints holds no checkpoint. Move a step"):
+    train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_a_fresh_start_names_the_steps_set_aside(tmp_path, caplog):
+  mngr = _saved(tmp_path, steps=(1, 2))
+  for step in (1, 2):
+    checkpoint.set_aside(mngr, step, "damaged")  # what a rerun finds after every step was damaged
+  with caplog.at_level(logging.WARNING, logger="lineax_lm"):
+    checkpoint.check_fresh_start(mngr, -1)
+  assert "training starts from step 0. Steps set aside earlier" in caplog.text
+  assert "1-damaged, 2-damaged" in caplog.text
+  with pytest.raises(checkpoint.CheckpointError, match=r"holds no checkpoint; .*checkpoints-set-aside "
+                                                       r"holds 1-damaged, 2-damaged"):
+    checkpoint.check_fresh_start(mngr, 2)
+  mngr.close()
+
+
 def test_saving_an_existing_step_replaces_it_and_keeps_the_old_one_aside(tmp_path):
   mngr = _saved(tmp_path, steps=(1, 2))
   checkpoint.save(mngr, 2, _state(20))  # Orbax alone raises StepAlreadyExistsError here
