@@ -5,7 +5,8 @@ ZeroDivisionError after the step compiled, `num_layers=0` as a KeyError, and `lr
 `steps=-5` not at all. `RULES` is one table of (field, allowed range) over the whole config tree;
 `check_config(config)` applies every rule whose field the config has (configs differ: one written
 by an older version may lack a field) and raises one ValueError that lists every field out of range
-with its value and the range allowed, and every broken relation between fields.
+with its value and the range allowed, every string field not among its `CHOICES`, and every broken
+relation between fields. `check_model_config` applies the model's part to a ModelConfig.
 """
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import math
 import numbers
 from typing import Any
 
+import jax.numpy as jnp
+
+from lineax_lm.data.pipeline import SOURCES
 from lineax_lm.models.hybrid import ModelConfig
+from pallas_kernels.common import dispatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +142,44 @@ RULES: tuple[tuple[str, Range], ...] = (
 )
 
 
+def _float_dtype(value) -> bool:
+  try:
+    return jnp.issubdtype(jnp.dtype(value), jnp.floating)
+  except TypeError:
+    return False
+
+
+# (dotted field, test, what is allowed): the string fields whose wrong value would otherwise fail
+# far from its cause (a data source blamed on the vocabulary, a dtype or a kernel platform failing
+# inside the model's construction or after compiling). None (a preset's placeholder) is allowed.
+CHOICES: tuple[tuple[str, Any, str], ...] = (
+    ("data.source", lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
+    ("model.dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
+    ("model.param_dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
+    ("model.backend", lambda v: v in dispatch.BACKENDS, f"one of {', '.join(dispatch.BACKENDS)}"),
+)
+
+
+def choice_errors(config, choices=CHOICES, prefix: str = "config.") -> list[str]:
+  """One line per field of `config` whose value is not among its `choices`."""
+  errors = []
+  for field, allowed, what in choices:
+    present, value = _lookup(config, field)
+    if present and value is not None and not allowed(value):
+      errors.append(f"{prefix}{field}={value!r}: must be {what}")
+  return errors
+
+
+def platform_errors(config) -> list[str]:
+  """An explicit Pallas backend of another platform than this host's (it fails after compiling)."""
+  _, backend = _lookup(config, "model.backend")
+  if backend in dispatch.PALLAS_BACKENDS and dispatch.platform() != backend:
+    return [f"config.model.backend={backend!r}: this host runs jax on {dispatch.platform()}, where "
+            f"the Pallas {backend} kernels cannot run; use 'auto' (this platform's kernels, else "
+            "xla) or 'xla'"]
+  return []
+
+
 def _lookup(config, field: str):
   """(True, value) of a dotted field of a ConfigDict / mapping tree, or (False, None) if absent."""
   node = config
@@ -160,14 +203,17 @@ def range_errors(config, rules=RULES, prefix: str = "config.") -> list[str]:
 
 MODEL_RULES = tuple((field.removeprefix("model."), allowed) for field, allowed in RULES
                     if field.startswith("model."))
+MODEL_CHOICES = tuple((field.removeprefix("model."), *rest) for field, *rest in CHOICES
+                      if field.startswith("model."))
 
 
 def check_model_config(model_cfg) -> None:
-  """ValueError listing every field of a ModelConfig out of its range in RULES (the table the
-  command line's config goes through), and a head count that does not divide `hidden` when the
+  """ValueError listing every field of a ModelConfig out of its range in RULES or not among its
+  CHOICES (the tables the command line's config goes through), and a head count that does not divide `hidden` when the
   attention layers take their head size from it."""
   fields = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
-  errors = range_errors(fields, MODEL_RULES, prefix="ModelConfig.")
+  errors = (range_errors(fields, MODEL_RULES, prefix="ModelConfig.")
+            + choice_errors(fields, MODEL_CHOICES, prefix="ModelConfig."))
   heads, hidden = fields["heads"], fields["hidden"]
   if (not errors and fields["head_dim"] is None and hidden % heads
       and model_cfg.attention_indices):
@@ -204,8 +250,10 @@ def relation_errors(config) -> list[str]:
 
 
 def check_config(config) -> None:
-  """ValueError listing every numeric field of `config` out of its range (see RULES) and every
-  broken relation between fields, each with the field, its value and what is allowed."""
-  errors = range_errors(config) + relation_errors(config)
+  """ValueError listing every numeric field of `config` out of its range (see RULES), every string
+  field not among its CHOICES, a Pallas backend this host cannot run and every broken relation
+  between fields, each with the field, its value and what is allowed."""
+  errors = (range_errors(config) + choice_errors(config) + platform_errors(config)
+            + relation_errors(config))
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))

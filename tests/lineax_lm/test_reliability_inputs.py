@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import grain
 import gguf
@@ -224,6 +225,7 @@ def test_every_bad_field_is_listed_at_once():
 @pytest.mark.parametrize("fields,message", [
     (dict(vocab_size=0), r"ModelConfig.vocab_size=0: must be an integer >= 1"),
     (dict(rope_theta=float("nan")), r"ModelConfig.rope_theta=nan: must be a number > 0"),
+    (dict(dtype="bf17"), r"ModelConfig.dtype='bf17': must be a floating-point dtype name"),
     (dict(heads=3, attn_ratio="1:1"), r"ModelConfig.heads=3 does not divide hidden=32: the attention "
                                       r"layers' head size hidden // heads = 10 would use 30 of the 32"),
 ])
@@ -242,6 +244,26 @@ def test_warmup_longer_than_the_run_is_a_config_error():
     validation.check_config(config)
   config.train.warmup_steps = 10
   validation.check_config(config)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.dtype", "bf17", "must be a floating-point dtype name: float32, bfloat16 or float16"),
+    ("data.source", "mqr", "must be one of mqar, text, jsonl, parquet, tfds"),
+    ("model.backend", "gpu", "this host runs jax on cpu, where the Pallas gpu kernels cannot run; "
+                             "use 'auto'"),
+])
+def test_string_fields_out_of_their_choices_name_the_field(field, value, message):
+  config = base_config()
+  section, key = field.split(".")
+  config[section][key] = value
+  with pytest.raises(ValueError, match=rf"config.{field}='{value}': {re.escape(message)}"):
+    validation.check_config(config)
+
+
+def test_a_missing_config_file_is_one_line():
+  from lineax_lm.train import __main__ as cli
+  with pytest.raises(SystemExit, match=r"^error: --config=/no/such.py: no such file \(give a config"):
+    cli.parse_flags(["train", "--config=/no/such.py", "--workdir", "/tmp/x"])
 
 
 def test_stray_positional_arguments_are_refused():
