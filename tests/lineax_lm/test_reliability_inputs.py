@@ -410,7 +410,7 @@ def test_truncated_gguf_names_the_file(tmp_path):
     ("--lengths", "0"), ("--lengths", "512,-4"), ("--lengths", ","), ("--mqar_lengths", "0"),
     ("--mqar_kv_pairs", "-1"), ("--efficiency_lengths", "0"), ("--num_examples", "0"),
     ("--mqar_examples", "0"), ("--batch_size", "0"), ("--max_len", "0"), ("--ppl_documents", "0"),
-    ("--step", "-1"), ("--lengths", "abc"),
+    ("--step", "-1"), ("--lengths", "abc"), ("--tasks", ","), ("--tasks", " "),
 ])
 def test_eval_arguments_below_one_name_the_argument(argument, value, capsys):
   from lineax_lm.eval.__main__ import parse_args
@@ -556,3 +556,34 @@ def test_a_generation_too_large_for_memory_is_refused_up_front(saved_model):
                                        rf"buffers\) needs 268.0 GiB, more than the {limit / 2**30:.1f} "
                                        rf"GiB of {what}"):
     lineax_lm.generate_ragged(saved_model, [[1, 2]], 2**30, temperature=0.0)
+
+
+def _run_with_config(workdir, config):
+  """A workdir whose checkpoint holds `config` (what eval reads first) and a small state."""
+  from lineax_lm.train import checkpoint
+  mngr = checkpoint.manager(workdir, async_save=False)
+  checkpoint.save(mngr, 1, {"step": np.int32(1)}, config=config)
+  mngr.close()
+  return workdir
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], r"ppl measures text, and .*run trained on MQAR token ids .*: drop ppl from --tasks"),
+    (["--ppl_paths", "heldout.txt"], r"ppl measures text, and .*run trained on MQAR token ids"),
+])
+def test_eval_ppl_on_an_mqar_run_says_why(tmp_path, extra, message):
+  from lineax_lm.eval.__main__ import parse_args, run
+  workdir = _run_with_config(str(tmp_path / "run"), base_config())  # data.source: mqar
+  with pytest.raises(ValueError, match=message):
+    run(parse_args(["--workdir", workdir, "--tasks", "ppl", *extra]))
+
+
+def test_eval_lengths_too_long_for_memory_are_refused_up_front(saved_model):
+  from lineax_lm.eval.__main__ import check_scoring_memory
+  from lineax_lm.models.generate import memory_limit
+  limit, what = memory_limit()
+  with pytest.raises(ValueError, match=rf"--mqar_lengths=16777216 with --batch_size=8 \(a batch of 8 x "
+                                       rf"16777216 tokens\) needs \d+\.\d GiB, more than the "
+                                       rf"{limit / 2**30:.1f} GiB of {what}"):
+    check_scoring_memory(saved_model, [64, 2**24], 8, "--mqar_lengths")
+  check_scoring_memory(saved_model, [64], 8, "--mqar_lengths")  # fits
