@@ -327,16 +327,29 @@ def test_non_utf8_offset_across_read_blocks(tmp_path):
   text._check_text_file(str(path), block=3)
 
 
-def test_empty_data_files(tmp_path):
+@pytest.mark.parametrize("content,message", [
+    (b"", "the file is empty"),
+    (b"\xef\xbb\xbf", "the file holds only a UTF-8 byte-order mark"),  # no text either
+])
+def test_empty_data_files(tmp_path, content, message):
   empty = tmp_path / "empty.txt"
-  empty.write_bytes(b"")
-  with pytest.raises(ValueError, match="empty.txt: the file is empty"):
+  empty.write_bytes(content)
+  with pytest.raises(ValueError, match=f"empty.txt: {message}"):
     text.TextFileSource(str(empty), unit="file")
   with pytest.raises(ValueError, match="hold no non-blank line"):
     text.TextFileSource(str(empty), unit="line")
-  with pytest.raises(ValueError, match="the file is empty"):  # the NaN case, now early
+  with pytest.raises(ValueError, match=message):  # the NaN case, now early
     make_dataset(text_config(str(empty), text_unit="file"), seed=0, process_index=0,
                  process_count=1)
+
+
+def test_no_document_holds_a_byte_order_mark(tmp_path):
+  path = tmp_path / "bom.txt"
+  path.write_bytes(b"\xef\xbb\xbfhello\nworld\n")
+  assert text.TextFileSource(str(path), unit="file")[0] == "hello\nworld\n"
+  assert text.TextFileSource(str(path), unit="line")[0] == "hello"
+  path.write_bytes(b'\xef\xbb\xbf{"text": "hi"}\n')
+  assert text.JsonlSource(str(path))[0] == "hi"
 
 
 def write_tokenizer(folder):
