@@ -273,6 +273,17 @@ def test_stray_positional_arguments_are_refused():
     cli.main(["train", "run"])  # what absl leaves of `--workdir runs/my run`
 
 
+def test_negative_distillation_steps_name_the_stage(tmp_path):
+  from lineax_lm.distill.config import distill_config
+  from lineax_lm.distill.pipeline import distill
+  config = distill_config("gated_deltanet", "runlocal")
+  config.stages.layer.steps = -1
+  with pytest.raises(ValueError, match=r"config.stages.layer.steps=-1: must be >= 0 \(the stage's "
+                                       r"training steps; 0 skips it\)"):
+    distill(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")  # before anything is loaded or written
+
+
 def test_bools_are_not_numbers():
   assert not validation.count(1).allows(True)
   assert validation.count(1, none=True).allows(None) and not validation.count(1).allows(None)
