@@ -59,17 +59,26 @@ class Pretrained:
       raise ValueError("this model has no text tokenizer (it trained on MQAR token ids): call "
                        "lineax_lm.generate_ragged(model, token_id_lists, ...) instead")
     single = isinstance(prompts, str)
-    texts = [prompts] if single else list(prompts) if isinstance(prompts, (list, tuple)) else None
-    if texts is None or not all(isinstance(t, str) for t in texts):
-      got = type(prompts).__name__ if texts is None else ", ".join(sorted({type(t).__name__ for t in texts}))
-      hint = " (decode bytes first: b'...'.decode())" if "bytes" in got else ""
-      raise ValueError(f"`prompts` must be a string or a list of strings; got {got}{hint}")
+    texts = _texts(prompts)
     ids = [[self.tokenizer.bos_id] + self.tokenizer.encode(t) for t in texts]
     new = generate_batches(self.model, ids, max_new_tokens, batch_size=batch_size,
                            eos_id=self.tokenizer.eos_id, temperature=temperature, top_k=top_k,
                            top_p=top_p, rng=rng)
     out = [self.tokenizer.decode([t for t in row if t != self.tokenizer.eos_id]) for row in new]
     return out[0] if single else out
+
+
+def _texts(prompts) -> list[str]:
+  """`prompts` (a string or a sequence of strings) as a list of strings."""
+  must = "`prompts` must be a string or a sequence of strings"
+  if prompts is None or isinstance(prompts, (bytes, bytearray)):
+    hint = "" if prompts is None else " (decode it first: prompts.decode())"
+    raise ValueError(f"{must}; got {type(prompts).__name__}{hint}")
+  texts = [prompts] if isinstance(prompts, str) else list(prompts)
+  others = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+  if others:
+    raise ValueError(f"{must}; got a sequence holding {', '.join(others)}")
+  return texts
 
 
 def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,

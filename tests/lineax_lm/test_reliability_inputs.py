@@ -564,11 +564,11 @@ def test_bad_sampling_arguments_name_the_argument(saved_model, kwargs, message):
 
 
 @pytest.mark.parametrize("prompts,message", [
-    (b"The cat", r"got bytes \(decode bytes first: b'...'.decode\(\)\)"),
-    (None, r"got NoneType"), (["a", None], r"got NoneType, str"),
+    (b"The cat", r"got bytes \(decode it first: prompts.decode\(\)\)"),
+    (None, r"got NoneType"), (["a", None, b"b"], r"got a sequence holding NoneType, bytes"),
 ])
 def test_text_prompts_must_be_strings(saved_model, prompts, message):
-  with pytest.raises(ValueError, match=r"`prompts` must be a string or a list of strings; " + message):
+  with pytest.raises(ValueError, match=r"`prompts` must be a string or a sequence of strings; " + message):
     Pretrained(saved_model, ByteTokenizer()).generate(prompts, 2)
 
 
