@@ -8,7 +8,8 @@ batch. A non-finite loss or gradient leaves the state unchanged, and the loop st
 checkpoint of that last good state. SIGTERM / SIGINT save and exit cleanly; restarting with the same
 workdir resumes bit-for-bit (state, RNG and data iterator) from the newest checkpoint that passes
 its checksums (damaged ones are set aside, see checkpoint). A rollback (`train.restore_step` before
-the latest step) sets the later steps aside and trains through them again.
+the latest step) sets the later steps aside and trains through them again. A run holds its workdir's
+lock (lineax_lm.train.lock) throughout: a second trainer there refuses, naming the first.
 """
 from __future__ import annotations
 
