@@ -113,7 +113,11 @@ def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_i
     raise ValueError(f"`max_new_tokens` must be an integer >= 1; got {max_new_tokens!r}")
   if max_new_tokens < 1:
     raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
-  if not isinstance(temperature, numbers.Real) or not (math.isfinite(temperature) and temperature >= 0):
+  try:  # a Python or numpy number, or a 0-d array
+    value = None if isinstance(temperature, (str, bytes)) else float(temperature)
+  except (TypeError, ValueError):
+    value = None
+  if value is None or not (math.isfinite(value) and value >= 0):
     raise ValueError(f"`temperature` must be a finite number >= 0 (0: greedy); got {temperature!r}")
   if eos_id is not None and not 0 <= eos_id < model.config.vocab_size:
     raise ValueError(f"`eos_id` must be a token id in [0, vocab_size={model.config.vocab_size}); "
