@@ -281,6 +281,20 @@ def test_damaged_older_checkpoint_is_found_on_fallback(clean_run, clean_copy, ca
 
 
 @pytest.mark.slow
+def test_a_garbled_unverified_newest_step_is_set_aside_not_resumed(clean_run, clean_copy, caplog):
+  """The newest step lost its checksums (a run killed before sealing) and holds garbage bytes that
+  still decode: the run must not resume from it (and stop at NaN a step later), but from step 4."""
+  config, workdir = clean_copy
+  os.remove(os.path.join(workdir, "checkpoints", "6", checkpoint.CHECKSUMS))
+  _garble(os.path.join(workdir, "checkpoints", "6"))
+  with caplog.at_level(logging.WARNING, logger="lineax_lm"):
+    summary = train_and_evaluate(config, workdir)
+  assert summary["step"] == 6 and summary["loss"] == clean_run[2]["loss"]
+  assert "restores implausible values" in caplog.text and "resuming from step 4" in caplog.text
+  assert _set_aside(workdir) == ["6-damaged"]
+
+
+@pytest.mark.slow
 def test_changed_model_says_what_changed(clean_run, monkeypatch):
   config, workdir, _ = clean_run
   # The metadata tells, before any array is read (a doomed restore of a large step reads much).
