@@ -17,7 +17,6 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from lineax_lm.data.pipeline import SOURCES
 from lineax_lm.models.hybrid import ModelConfig
 from pallas_kernels.common import dispatch
 
@@ -149,11 +148,18 @@ def _float_dtype(value) -> bool:
     return False
 
 
+def _sources() -> tuple[str, ...]:
+  """The data sources, imported when a config's data section is checked: the pipeline imports
+  grain, which a ModelConfig (checked here too) has no need of."""
+  from lineax_lm.data.pipeline import SOURCES
+  return SOURCES
+
+
 # (dotted field, test, what is allowed): the string fields whose wrong value would otherwise fail
 # far from its cause (a data source blamed on the vocabulary, a dtype or a kernel platform failing
 # inside the model's construction or after compiling). None (a preset's placeholder) is allowed.
-CHOICES: tuple[tuple[str, Any, str], ...] = (
-    ("data.source", lambda v: v in SOURCES, f"one of {', '.join(SOURCES)}"),
+CHOICES: tuple[tuple[str, Any, Any], ...] = (
+    ("data.source", lambda v: v in _sources(), lambda: f"one of {', '.join(_sources())}"),
     ("model.dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
     ("model.param_dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
     ("model.backend", lambda v: v in dispatch.BACKENDS, f"one of {', '.join(dispatch.BACKENDS)}"),
@@ -166,7 +172,7 @@ def choice_errors(config, choices=CHOICES, prefix: str = "config.") -> list[str]
   for field, allowed, what in choices:
     present, value = _lookup(config, field)
     if present and value is not None and not allowed(value):
-      errors.append(f"{prefix}{field}={value!r}: must be {what}")
+      errors.append(f"{prefix}{field}={value!r}: must be {what() if callable(what) else what}")
   return errors
 
 
