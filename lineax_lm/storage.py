@@ -11,6 +11,7 @@ local folder it is the folder itself and `sync()` does nothing.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -108,6 +109,17 @@ def is_file(path) -> bool:
 
 def size(path) -> int:
   return as_path(path).stat().length if is_remote(path) else os.path.getsize(path)
+
+
+def sha256(path) -> tuple[int, str]:
+  """(size in bytes, sha256 hex digest) of a file, local or on an object store, read in 1 MiB
+  blocks."""
+  digest, n = hashlib.sha256(), 0
+  with as_path(path).open("rb") as f:
+    while block := f.read(1 << 20):
+      digest.update(block)
+      n += len(block)
+  return n, digest.hexdigest()
 
 
 def glob_files(pattern: str) -> list[str]:

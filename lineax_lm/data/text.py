@@ -23,7 +23,8 @@ MB of text (the shipped corpus holds 6.3 MB); keep a larger corpus as plain json
 array_record.
 Building a source checks every file once: an empty file (unit "file") or one that is not UTF-8 is a
 ValueError that names the file, the line and the byte offset (of the decompressed bytes for gzip),
-before any training step.
+before any training step. A UTF-8 byte-order mark opening a file is not text: no document holds it,
+and a file of nothing else is empty.
 """
 from __future__ import annotations
 
@@ -113,8 +114,9 @@ def _index_lines(path: str) -> tuple[np.ndarray, bytes | None]:
   with open_data_file(path) as f:
     for line_no, line in enumerate(f, 1):
       _decode(line, path, line_no, pos)
-      if line.strip():
-        offsets.append(pos)
+      start = len(codecs.BOM_UTF8) if pos == 0 and line.startswith(codecs.BOM_UTF8) else 0
+      if line[start:].strip():
+        offsets.append(pos + start)
       pos += len(line)
       if lines is not None:
         lines.append(line)
@@ -124,10 +126,11 @@ def _index_lines(path: str) -> tuple[np.ndarray, bytes | None]:
 def _check_text_file(path: str, block: int = 1 << 20) -> None:
   """ValueError unless `path` holds some bytes (decompressed, for gzip), all of them UTF-8 (read
   in blocks of `block`)."""
-  decoder, line_no, pos = codecs.getincrementaldecoder("utf-8")(), 1, 0
+  decoder, line_no, pos, head = codecs.getincrementaldecoder("utf-8")(), 1, 0, b""
   with open_data_file(path) as f:
     while True:
       data = f.read(block)
+      head += data[:len(codecs.BOM_UTF8) - len(head)]
       try:
         decoder.decode(data, final=not data)
       except UnicodeDecodeError as e:  # e.start counts from the bytes the decoder still held
@@ -139,6 +142,9 @@ def _check_text_file(path: str, block: int = 1 << 20) -> None:
       line_no, pos = line_no + data.count(b"\n"), pos + len(data)
   if pos == 0:
     raise ValueError(f"{path}: the file is empty; a document needs text (remove it from `paths`)")
+  if pos == len(codecs.BOM_UTF8) and head == codecs.BOM_UTF8:
+    raise ValueError(f"{path}: the file holds only a UTF-8 byte-order mark, no text; a document "
+                     "needs text (remove it from `paths`)")
 
 
 def _read_line(path: str, offset: int, decompressed: bytes | None) -> str:
@@ -196,7 +202,7 @@ class TextFileSource(_LinesSource):
     if self.unit == "line":
       return self._line(index)[2].rstrip("\r\n")
     with open_data_file(self.files[index]) as f:  # binary: no newline translation
-      return f.read().decode("utf-8")
+      return f.read().decode("utf-8-sig")  # without a byte-order mark
 
   def __repr__(self) -> str:
     return f"TextFileSource({len(self.files)} files, unit={self.unit!r}, {len(self)} documents)"

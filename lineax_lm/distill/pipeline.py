@@ -205,6 +205,10 @@ def place(tree, mesh):
 
 def distill(config, workdir: str) -> dict:
   """Runs the stages of `config` in order in `workdir`, then the evaluation; returns its summary."""
+  negative = [f"config.stages.{s}.steps={config.stages[s].steps}" for s in STAGES
+              if config.stages[s].steps < 0]
+  if negative:
+    raise ValueError(f"{', '.join(negative)}: must be >= 0 (the stage's training steps; 0 skips it)")
   os.makedirs(workdir, exist_ok=True)
   st = setup(config, workdir)
   teacher_params = previous = None

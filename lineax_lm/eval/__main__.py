@@ -46,12 +46,39 @@ def _positive_ints(text: str) -> list[int]:
   return values
 
 
+def _task_names(text: str) -> str:
+  """An argparse type: comma-separated task names, at least one."""
+  if not any(t.strip() for t in text.split(",")):
+    raise argparse.ArgumentTypeError(f"{text!r} names no task (give e.g. ppl,needle)")
+  return text
+
+
+def check_scoring_memory(model, lengths: list[int], batch_size: int, flag: str):
+  """Refuses teacher-forced scoring of `lengths` whose batch cannot fit in memory, before any
+  example is scored: compiles the scorer for the longest (the evaluation then reuses that program)
+  and compares XLA's account of its memory with the device's."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from lineax_lm.eval import scoring
+  from lineax_lm.models.generate import check_memory
+  graphdef, state = nnx.split(model)
+  tokens = jax.ShapeDtypeStruct((batch_size, scoring.bucket(max(lengths))), jnp.int32)
+  stats = scoring._jitted_scores(graphdef).lower(state, tokens, tokens).compile().memory_analysis()
+  if stats is None:  # a backend without the analysis: the evaluation finds out
+    return
+  needed = stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
+  check_memory(needed, f"{flag}={max(lengths)} with --batch_size={batch_size} (a batch of "
+                       f"{tokens.shape[0]} x {tokens.shape[1]} tokens)")
+
+
 def parse_args(argv=None):
   """The parsed command line; a length, count or size below 1 is an error naming its argument."""
   p = argparse.ArgumentParser(prog="python -m lineax_lm.eval", description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True, help="training run directory (with checkpoints/)")
   p.add_argument("--step", type=_integer(0), default=None, help="checkpoint step (default: latest)")
-  p.add_argument("--tasks", default=None, help="comma-separated tasks (see the module docstring)")
+  p.add_argument("--tasks", type=_task_names, default=None,
+                 help="comma-separated tasks (see the module docstring)")
   p.add_argument("--out", default=None, help="output folder (default: WORKDIR/eval)")
   p.add_argument("--lengths", type=_positive_ints, default="512,1024,2048,4096,8192",
                  help="recall context lengths")
@@ -91,7 +118,10 @@ def run(args) -> dict:
   unknown = [t for t in tasks if t not in ("mqar", "ppl", "efficiency") and t not in recall_tasks]
   if unknown:
     raise ValueError(f"`--tasks`: unknown task(s) {unknown}; see `python -m lineax_lm.eval --help`")
-  if "ppl" in tasks and (is_mqar or not (args.ppl_paths or args.ppl_tfds_split)):
+  if "ppl" in tasks and is_mqar:
+    raise ValueError(f"`--tasks` ppl measures text, and {args.workdir} trained on MQAR token ids "
+                     "(no text tokenizer, a vocabulary of MQAR ids): drop ppl from --tasks")
+  if "ppl" in tasks and not (args.ppl_paths or args.ppl_tfds_split):
     raise ValueError("`ppl` needs held-out text: pass --ppl_paths FILES (the run's text / jsonl "
                      "format) or --ppl_tfds_split SPLIT of the run's TFDS dataset")
   tokenizer = data_tokenizer(config)
@@ -109,6 +139,7 @@ def run(args) -> dict:
     lengths = args.mqar_lengths or [L, 2 * L, 4 * L]
     kvs = (args.mqar_kv_pairs or
            sorted({max(1, m.num_kv_pairs // 2), m.num_kv_pairs, 2 * m.num_kv_pairs}))
+    check_scoring_memory(model, lengths, args.batch_size, "--mqar_lengths")
     rows = mqar.mqar_grid(model, vocab_size=m.vocab_size, seq_lens=lengths, kv_pairs=kvs,
                           num_examples=args.mqar_examples, batch_size=args.batch_size,
                           power_a=m.power_a, random_non_queries=m.random_non_queries)

@@ -8,6 +8,9 @@ cache of max_len slots (2 * kv_heads * head_dim values per token).
 from __future__ import annotations
 
 import functools
+import math
+import numbers
+import os
 
 import jax
 import jax.numpy as jnp
@@ -71,12 +74,55 @@ def _generate(graphdef, state, prompt, rng, *, max_new_tokens, temperature, top_
   return jnp.concatenate([prompt, out], axis=1)
 
 
-def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng):
+def memory_limit() -> tuple[int, str]:
+  """(bytes, what they are) of the memory one request may use: the first local device's limit on
+  an accelerator, the host's physical memory on CPU (whose device reports none)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{jax.local_devices()[0].device_kind} memory"
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
+
+
+def check_memory(needed: int, request: str):
+  """ValueError when `needed` bytes exceed `memory_limit()`: a request that cannot fit is refused
+  before it compiles, rather than running out of memory after working for a while."""
+  limit, what = memory_limit()
+  if needed > limit:
+    raise ValueError(f"{request} needs {needed / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} "
+                     f"GiB of {what}")
+
+
+def _check_request(model, rows: int, width: int, max_new_tokens: int):
+  """Refuses a batch whose cache ([rows] sequences of `width` tokens) and token buffers cannot fit."""
+  from lineax_lm.models.cache import real_cache_bytes  # it imports the model, which imports this
+  cache = real_cache_bytes(model, width, rows)
+  check_memory(cache + 3 * rows * width * 4,  # the token buffers, int32
+               f"generating max_new_tokens={max_new_tokens} for {rows} prompts (a cache of "
+               f"{cache / 2**30:.1f} GiB for {width} tokens per row, plus the token buffers)")
+
+
+def _check_ids(name: str, ids: np.ndarray, vocab_size: int):
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f"`{name}` must hold token ids in [0, vocab_size={vocab_size}); got ids from "
+                     f"{ids.min()} to {ids.max()}")
+
+
+def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_id=None):
   """Validates the sampling arguments shared by generate and generate_ragged; returns the rng."""
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+    raise ValueError(f"`max_new_tokens` must be an integer >= 1; got {max_new_tokens!r}")
   if max_new_tokens < 1:
     raise ValueError(f"`max_new_tokens` must be >= 1; got {max_new_tokens}")
-  if temperature < 0:
-    raise ValueError(f"`temperature` must be >= 0; got {temperature}")
+  try:  # a Python or numpy number, or a 0-d array
+    value = None if isinstance(temperature, (str, bytes)) else float(temperature)
+  except (TypeError, ValueError):
+    value = None
+  if value is None or not (math.isfinite(value) and value >= 0):
+    raise ValueError(f"`temperature` must be a finite number >= 0 (0: greedy); got {temperature!r}")
+  if eos_id is not None and not 0 <= eos_id < model.config.vocab_size:
+    raise ValueError(f"`eos_id` must be a token id in [0, vocab_size={model.config.vocab_size}); "
+                     f"got {eos_id}")
+  check_rng(rng)
   if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
     raise ValueError(f"`top_k` must be in 1..vocab_size; got {top_k}")
   if top_p is not None and not 0 < top_p <= 1:
@@ -86,6 +132,17 @@ def _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng):
       raise ValueError("sampling with temperature > 0 needs `rng` (a jax.random key)")
     rng = jax.random.key(0)
   return rng
+
+
+def check_rng(rng):
+  """`rng` must be None or a jax.random key: a typed one (jax.random.key) or a raw uint32[2] one
+  (jax.random.PRNGKey)."""
+  if rng is None or (isinstance(rng, jax.Array) and (
+      jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+      or (rng.dtype == jnp.uint32 and rng.shape == (2,)))):
+    return
+  raise ValueError(f"`rng` must be a jax.random key, e.g. jax.random.key(0); got "
+                   f"{type(rng).__name__} {rng!r}")
 
 
 def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0,
@@ -100,10 +157,15 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0
   if isinstance(prompt_ids, (list, tuple)) and len({len(p) for p in prompt_ids}) > 1:
     raise ValueError(f"`prompt_ids` must be [B, P] (equal lengths); got prompts of lengths "
                      f"{[len(p) for p in prompt_ids]}: use generate_ragged for prompts of different lengths")
-  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-  if prompt_ids.ndim != 2 or prompt_ids.shape[1] < 1:
-    raise ValueError(f"`prompt_ids` must be [B, P] with P >= 1; got shape {prompt_ids.shape}")
-  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
+  ids = np.asarray(prompt_ids)
+  if ids.ndim != 2 or ids.shape[1] < 1:
+    raise ValueError(f"`prompt_ids` must be [B, P] with P >= 1; got shape {ids.shape}")
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"`prompt_ids` must hold integer token ids; got dtype {ids.dtype}")
+  _check_ids("prompt_ids", ids, model.config.vocab_size)
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_id)
+  _check_request(model, ids.shape[0], ids.shape[1] + max_new_tokens, max_new_tokens)
+  prompt_ids = jnp.asarray(ids, jnp.int32)
   graphdef, state = nnx.split(model)
   return _generate(graphdef, state, prompt_ids, rng, max_new_tokens=int(max_new_tokens),
                    temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
@@ -177,9 +239,12 @@ def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float =
   if not prompts or any(len(p) < 1 for p in prompts):
     raise ValueError("`prompts` must be a non-empty list of token id sequences, each of length >= 1; "
                      f"got lengths {[len(p) for p in prompts]}")
-  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng)
+  for i, p in enumerate(prompts):
+    _check_ids(f"prompts[{i}]", np.asarray(p), model.config.vocab_size)
+  rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_id)
   lengths = np.array([len(p) for p in prompts], np.int32)
   width = length_bucket(int(lengths.max())) + int(max_new_tokens)
+  _check_request(model, len(prompts), width, max_new_tokens)
   tokens = np.full((len(prompts), width), pad_id, np.int32)
   for row, p in zip(tokens, prompts):
     row[:len(p)] = p

@@ -89,8 +89,9 @@ class ModelConfig:
       raise ValueError(f"`remat` must be one of {sorted(REMAT_POLICIES)}; got {self.remat!r}")
     if self.residual_init not in RESIDUAL_INITS:
       raise ValueError(f"`residual_init` must be one of {RESIDUAL_INITS}; got {self.residual_init!r}")
-    if self.max_segments < 1:
-      raise ValueError(f"`max_segments` must be >= 1; got {self.max_segments}")
+    # The command line's range table (it imports this module: imported here, not at the top).
+    from lineax_lm.train.validation import check_model_config
+    check_model_config(self)
     attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)  # validates
 
   @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any, Sequence
 
 import jax
@@ -24,11 +25,20 @@ import ml_collections
 from flax import nnx, traverse_util
 
 from lineax_lm import storage
-from lineax_lm.models.generate import generate_ragged
+from lineax_lm.models.generate import check_rng, generate_ragged
 from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
+
+log = logging.getLogger("lineax_lm")
 
 MODEL_TYPE = "lineax_hybrid"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+# The sha256 of the weights and tokenizer files, and the config fields the tensors were saved with.
+CHECKSUMS_FILE = "lineax_checksums.json"
+MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CHECKSUMS_FILE)
+# ModelConfig fields that change how a saved model runs or was initialised, not what it computes:
+# config.json may be edited in these; any other edit makes it describe a different model.
+RUNTIME_FIELDS = frozenset({"dtype", "param_dtype", "remat", "backend", "attn_impl", "scan_layers",
+                            "max_segments", "init_std", "residual_init"})
 
 
 @dataclasses.dataclass
@@ -50,13 +60,26 @@ class Pretrained:
       raise ValueError("this model has no text tokenizer (it trained on MQAR token ids): call "
                        "lineax_lm.generate_ragged(model, token_id_lists, ...) instead")
     single = isinstance(prompts, str)
-    texts = [prompts] if single else list(prompts)
+    texts = _texts(prompts)
     ids = [[self.tokenizer.bos_id] + self.tokenizer.encode(t) for t in texts]
     new = generate_batches(self.model, ids, max_new_tokens, batch_size=batch_size,
                            eos_id=self.tokenizer.eos_id, temperature=temperature, top_k=top_k,
                            top_p=top_p, rng=rng)
     out = [self.tokenizer.decode([t for t in row if t != self.tokenizer.eos_id]) for row in new]
     return out[0] if single else out
+
+
+def _texts(prompts) -> list[str]:
+  """`prompts` (a string or a sequence of strings) as a list of strings."""
+  must = "`prompts` must be a string or a sequence of strings"
+  if prompts is None or isinstance(prompts, (bytes, bytearray)):
+    hint = "" if prompts is None else " (decode it first: prompts.decode())"
+    raise ValueError(f"{must}; got {type(prompts).__name__}{hint}")
+  texts = [prompts] if isinstance(prompts, str) else list(prompts)
+  others = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+  if others:
+    raise ValueError(f"{must}; got a sequence holding {', '.join(others)}")
+  return texts
 
 
 def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
@@ -74,6 +97,7 @@ def generate_batches(model, prompts: Sequence[Sequence[int]], max_new_tokens: in
     from tqdm.auto import tqdm
     bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
   rng = sampling.pop("rng", None)
+  check_rng(rng)
   for start in range(0, len(order), batch_size):
     idx = order[start:start + batch_size]
     batch = [prompts[i] for i in idx]
@@ -145,19 +169,22 @@ def config_dict(model_cfg: ModelConfig) -> dict:
   return d
 
 
-def save_pretrained(model: HybridLM, path, tokenizer=None, format: str = "lineax") -> str:
+def save_pretrained(model: HybridLM, path, tokenizer=None, format: str = "lineax", *,
+                    overwrite: bool = False) -> str:
   """Writes `model` (and `tokenizer`: the byte tokenizer or one read from a tokenizer.json) to
-  folder `path` in the Hugging Face layout, or with format="fla" as flash-linear-attention's
-  checkpoint (lineax_lm.convert.to_fla); returns the folder."""
+  folder `path` in the Hugging Face layout, with the checksums `from_pretrained` verifies, or with
+  format="fla" as flash-linear-attention's checkpoint (lineax_lm.convert.to_fla); returns the
+  folder. A folder that holds files already is refused unless `overwrite`, which first removes the
+  files of the model saved there (no stale tokenizer.json survives)."""
   from safetensors.flax import save as save_tensors
   import lineax_lm
   if format not in ("lineax", "fla"):
     raise ValueError(f"`format` must be 'lineax' or 'fla'; got {format!r}")
+  root = storage.as_path(path)
+  _prepare_folder(root, overwrite)
   if format == "fla":
     from lineax_lm.convert import fla
     return fla.to_fla(model, path, tokenizer)
-  root = storage.as_path(path)
-  root.mkdir(parents=True, exist_ok=True)
   tensors = {".".join(map(str, key)): jnp.asarray(value)
              for key, value in _flat_params(model).items()}
   (root / WEIGHTS_FILE).write_bytes(save_tensors(tensors, metadata={"format": "flax"}))
@@ -166,18 +193,19 @@ def save_pretrained(model: HybridLM, path, tokenizer=None, format: str = "lineax
   if tokenizer is not None:
     meta["tokenizer"] = _save_tokenizer(tokenizer, root)
   (root / CONFIG_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
+  _write_checksums(root, model.config)
   return str(root)
 
 
 def _load_saved(root) -> Pretrained:
-  from safetensors.flax import load as load_tensors
-  meta = json.loads((root / CONFIG_FILE).read_text())
-  if meta.get("model_type") != MODEL_TYPE:
-    raise ValueError(f"{root / CONFIG_FILE} has model_type {meta.get('model_type')!r}, not "
-                     f"{MODEL_TYPE!r}: not a lineax_lm model")
+  meta = _read_config(root)
   names = {f.name for f in dataclasses.fields(ModelConfig)}
-  model_cfg = ModelConfig(**{k: v for k, v in meta.items() if k in names})
-  tensors = load_tensors((root / WEIGHTS_FILE).read_bytes())
+  try:
+    model_cfg = ModelConfig(**{k: v for k, v in meta.items() if k in names})
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{root / CONFIG_FILE} does not describe a valid model: {e}") from None
+  saved = _verify_checksums(root)
+  tensors = _read_tensors(root)
   abstract = abstract_model(model_cfg)
   want = _flat_params(abstract)
   got = {tuple(_key_part(p) for p in name.split(".")): value for name, value in tensors.items()}
@@ -190,11 +218,96 @@ def _load_saved(root) -> Pretrained:
     if tuple(got[key].shape) != tuple(spec.shape):
       raise ValueError(f"{root / WEIGHTS_FILE}: {'.'.join(map(str, key))} has shape "
                        f"{tuple(got[key].shape)}, the config needs {tuple(spec.shape)}")
+  if saved is not None:
+    _check_saved_fields(root, model_cfg, saved)
   graphdef, state = nnx.split(abstract)
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(
       {k: jnp.asarray(got[k], want[k].dtype) for k in want}))
   model = nnx.merge(graphdef, state)
   return Pretrained(model, _load_tokenizer(meta.get("tokenizer"), root))
+
+
+def _prepare_folder(root, overwrite: bool):
+  """Creates folder `root`; one that holds files is refused unless `overwrite`, which removes the
+  files of a model saved there (MODEL_FILES) and leaves any other."""
+  present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+  if present and not overwrite:
+    shown = ", ".join(present[:5]) + (f" and {len(present) - 5} more" if len(present) > 5 else "")
+    raise FileExistsError(f"{root} is not empty ({shown}); pass overwrite=True to replace the model "
+                          "saved there, or choose an empty folder")
+  for name in MODEL_FILES:
+    if name in present:
+      (root / name).unlink()
+  root.mkdir(parents=True, exist_ok=True)
+
+
+def _architecture(model_cfg: ModelConfig) -> dict:
+  """The fields that define what the model computes, as JSON values."""
+  fields = config_dict(model_cfg)
+  return json.loads(json.dumps({k: v for k, v in fields.items() if k not in RUNTIME_FIELDS}))
+
+
+def _write_checksums(root, model_cfg: ModelConfig):
+  files = {name: list(storage.sha256(root / name)) for name in (WEIGHTS_FILE, TOKENIZER_FILE)
+           if (root / name).exists()}
+  record = {"algorithm": "sha256", "files": files, "model": _architecture(model_cfg)}
+  (root / CHECKSUMS_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+
+
+def _read_json(path, what: str):
+  try:
+    value = json.loads(path.read_text())
+  except ValueError as e:
+    raise ValueError(f"{path} is not valid JSON ({e})") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object ({what}); it holds a {type(value).__name__}")
+  return value
+
+
+def _read_config(root) -> dict:
+  meta = _read_json(root / CONFIG_FILE, "the model's config")
+  if meta.get("model_type") != MODEL_TYPE:
+    raise ValueError(f"{root / CONFIG_FILE} has model_type {meta.get('model_type')!r}, not "
+                     f"{MODEL_TYPE!r}: not a lineax_lm model")
+  return meta
+
+
+def _verify_checksums(root) -> dict | None:
+  """Checks the files against `CHECKSUMS_FILE` and returns it; None (with a warning) for a folder
+  saved before checksums."""
+  path = root / CHECKSUMS_FILE
+  if not path.exists():
+    log.warning("%s has no %s (saved before checksums): loading it unverified", root, CHECKSUMS_FILE)
+    return None
+  saved = _read_json(path, "sha256 checksums")
+  for name, (size, digest) in sorted(saved.get("files", {}).items()):
+    if not (root / name).exists():
+      raise FileNotFoundError(f"{root / name} is missing ({path} lists it)")
+    if storage.sha256(root / name) != (size, digest):
+      raise ValueError(f"{root / name} does not match its sha256 in {CHECKSUMS_FILE}: the file "
+                       "changed since save_pretrained wrote it (damaged or replaced); save the "
+                       "model again")
+  return saved
+
+
+def _read_tensors(root) -> dict:
+  from safetensors.flax import load as load_tensors
+  try:
+    return load_tensors((root / WEIGHTS_FILE).read_bytes())
+  except Exception as e:  # safetensors raises its own error type for truncated or foreign files
+    raise ValueError(f"{root / WEIGHTS_FILE} is not a readable safetensors file (truncated or "
+                     f"damaged: {type(e).__name__}: {e})") from None
+
+
+def _check_saved_fields(root, model_cfg: ModelConfig, saved: dict):
+  """config.json's model fields against those the tensors were saved with: an edited head count or
+  rope_theta keeps every shape and loads a different model."""
+  was, now = saved.get("model", {}), _architecture(model_cfg)
+  changed = [f"{k}={now.get(k)!r} (saved with {was[k]!r})" for k in sorted(was) if now.get(k) != was[k]]
+  if changed:
+    raise ValueError(f"{root / CONFIG_FILE} does not describe the tensors in {WEIGHTS_FILE}: "
+                     f"{'; '.join(changed)}, as recorded in {CHECKSUMS_FILE}. Only "
+                     f"{', '.join(sorted(RUNTIME_FIELDS))} may be edited")
 
 
 def _flat_params(model) -> dict[tuple, Any]:

@@ -104,6 +104,10 @@ def parse_flags(argv):
   (a config file that fails to load, a value of the wrong type) is absl's own, unchanged. A
   --config naming a config shipped in the package is found without a checkout."""
   argv = with_packaged_config(argv)
+  path = _config_path(argv)
+  if path is not None and not os.path.isfile(path.partition(":")[0]):
+    sys.exit(f"error: --config={path}: no such file (give a config file, e.g. configs/quickstart.py:gdn, "
+             "or the name of one shipped in lineax_lm/configs)")
   try:
     return FLAGS(argv)
   except (AttributeError, KeyError, flags.Error):
@@ -114,14 +118,19 @@ def parse_flags(argv):
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:  # absl passes on what is not a flag: an unquoted path with a space, say
+    sys.exit(f"error: unexpected argument(s) {argv[1:]}: every argument is a --flag (quote a value "
+             "that holds spaces, e.g. --workdir='runs/my run')")
   # Multi-host: join the cluster the environment describes (TPU slice, SLURM, or the JAX_*
   # variables) before anything touches a device; INFO logs from process 0 only.
   try:
     distributed.initialize()
   except ValueError as e:
     sys.exit(f"error: {e}")
-  check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
+  try:
+    check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

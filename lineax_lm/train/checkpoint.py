@@ -7,21 +7,26 @@ abstract state, so a run can resume on a different mesh.
 
 Orbax catches a torn file structure but not flipped bytes inside an array file (those restore as
 garbage parameters), so once a save has finished, `Manager.seal` writes `CHECKSUMS` into the step
-directory: the sha256 and size of every file in it. `restore` checks them first. A step whose files
-do not match, or that has no checksums and does not restore, is damaged: the trainer moves it into
-`<workdir>/checkpoints-set-aside/` (never deletes it) and falls back to the newest intact step. The
-same folder takes the steps after a rollback (`restore_step` earlier than the latest), which the run
-is about to train through again, so a save never meets a step that already exists.
+directory: the sha256 and size of every file in it. `restore` checks them first. A step without
+checksums (saved before them, or by a run killed before it sealed) is trusted only after a full
+plausibility check of what it restores (`implausibility`: shapes and dtypes as the target's, every
+floating-point value finite and far from overflowing, its step counter its own step). A step whose
+files do not match, or that has no checksums and does not restore or is implausible, is damaged:
+the trainer moves it into `<workdir>/checkpoints-set-aside/` (never deletes it) and falls back to
+the newest intact step. The same folder takes the steps after a rollback (`restore_step` earlier
+than the latest), which the run is about to train through again, so a save never meets a step that
+already exists.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import math
 import os
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -208,6 +213,12 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
               f"checkpoint step {candidate} in {mngr.directory} does not fit this run: its files "
               f"match their checksums, so it is not damaged ({first_line})") from e
         problem = f"it does not restore ({first_line})"
+      if restored is not None and problem == UNVERIFIED:
+        # Garbage bytes inside a compressed array file often still decode: without checksums, only
+        # the values themselves can tell.
+        implausible = implausibility(restored, abstract_state, candidate)
+        if implausible:
+          restored, problem = None, f"it has no {CHECKSUMS} and restores implausible values ({implausible})"
     if restored is not None:
       if damaged:
         log.warning("resuming from step %d, the newest intact checkpoint in %s (damaged: %s)",
@@ -224,6 +235,50 @@ def restore(mngr: Manager, abstract_state, data_iter=None, step: int | None = No
                             + f". Intact candidates: {others} (--config.train.restore_step=<step>, "
                             "or -1 for the newest intact one).")
   raise CheckpointError(f"no intact checkpoint in {mngr.directory}: " + "; ".join(damaged))
+
+
+def implausibility(state, abstract_state, step: int | None = None) -> str:
+  """What makes a restored `state` implausible ("" when nothing does): an array whose shape or
+  dtype differs from `abstract_state`'s, a floating-point array holding NaN, inf or a value whose
+  square overflows its dtype (|x| > 1.8e19 in float32), or a top-level `step` counter that is not
+  `step`. The loop saves no such value: a step with a non-finite loss or gradient norm leaves the
+  state unchanged, and a finite gradient norm bounds every gradient and so Adam's first moment;
+  garbage bytes that still decode come out as values of 1e30 and beyond."""
+  leaves = jax.tree_util.tree_leaves_with_path(state)
+  targets = jax.tree_util.tree_leaves(abstract_state)
+  if len(leaves) != len(targets):
+    return f"{len(leaves)} arrays where the target has {len(targets)}"
+  for (path, x), target in zip(leaves, targets):
+    if (tuple(x.shape), x.dtype) != (tuple(target.shape), target.dtype):
+      return (f"{_dotted(path)} is {x.dtype}{list(x.shape)}, the target "
+              f"{target.dtype}{list(target.shape)}")
+  bounded = jax.device_get([
+      jnp.all(jnp.abs(x) <= math.sqrt(jnp.finfo(x.dtype).max))  # False for NaN too
+      if jnp.issubdtype(x.dtype, jnp.inexact) else True for _, x in leaves])
+  bad = [_dotted(path) for (path, _), ok in zip(leaves, bounded) if not ok]
+  if bad:
+    more = f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""
+    return f"{bad[0]}{more} hold NaN, inf or values beyond 1e19"
+  if step is not None and isinstance(state, dict) and "step" in state and int(state["step"]) != step:
+    return f"its step counter reads {int(state['step'])}"
+  return ""
+
+
+def check_fresh_start(mngr: Manager, restore_step: int):
+  """For a run about to start from step 0 in a workdir without checkpoints: a requested
+  `restore_step` is an error (the run would silently train from scratch), and steps set aside
+  earlier are named (a run whose every step was set aside starts over, and should say so)."""
+  folder = mngr.directory.parent / SET_ASIDE
+  aside = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+  held = f"; {folder} holds {', '.join(aside)}" if aside else ""
+  if restore_step >= 0:
+    raise CheckpointError(f"config.train.restore_step={restore_step}, but {mngr.directory} holds no "
+                          f"checkpoint{held}. Move a step back into {mngr.directory} to resume from "
+                          "it, or use -1 to start from step 0")
+  if aside:
+    log.warning("no checkpoint in %s: training starts from step 0. Steps set aside earlier "
+                "(damaged or rolled back) are in %s: %s; move one back into %s to resume from it",
+                mngr.directory, folder, ", ".join(aside), mngr.directory)
 
 
 def restore_config(workdir: str, step: int | None = None) -> dict:
@@ -263,14 +318,8 @@ def _file_digests(step_dir: epath.Path) -> dict[str, list]:
     for name in files:
       path = epath.Path(root) / name
       rel = os.fspath(path.relative_to(step_dir))
-      if rel == CHECKSUMS:
-        continue
-      digest, size = hashlib.sha256(), 0
-      with path.open("rb") as f:
-        while block := f.read(1 << 20):
-          digest.update(block)
-          size += len(block)
-      out[rel] = [size, digest.hexdigest()]
+      if rel != CHECKSUMS:
+        out[rel] = list(storage.sha256(path))
   return out
 
 

@@ -6,9 +6,11 @@ import optax
 
 
 def learning_rate_schedule(cfg):
-  """Linear warmup to `cfg.lr`, cosine decay to `cfg.lr * cfg.min_lr_ratio` at `cfg.steps`."""
+  """The learning rate of each optimizer step count: linear warmup from 0 to `cfg.lr` over
+  `cfg.warmup_steps` counts (none when 0: the first step trains at `cfg.lr`), then cosine decay to
+  `cfg.lr * cfg.min_lr_ratio`, reached at count `cfg.steps` and kept after it."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.lr, warmup_steps=max(1, cfg.warmup_steps),
+      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
       decay_steps=max(cfg.steps, cfg.warmup_steps + 1), end_value=cfg.lr * cfg.min_lr_ratio)
 
 

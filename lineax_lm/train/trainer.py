@@ -8,7 +8,8 @@ batch. A non-finite loss or gradient leaves the state unchanged, and the loop st
 checkpoint of that last good state. SIGTERM / SIGINT save and exit cleanly; restarting with the same
 workdir resumes bit-for-bit (state, RNG and data iterator) from the newest checkpoint that passes
 its checksums (damaged ones are set aside, see checkpoint). A rollback (`train.restore_step` before
-the latest step) sets the later steps aside and trains through them again.
+the latest step) sets the later steps aside and trains through them again. A run holds its workdir's
+lock (lineax_lm.train.lock) throughout: a second trainer there refuses, naming the first.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from lineax_lm import sharding, storage
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
 from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
 from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
-from lineax_lm.train import distributed, validation
+from lineax_lm.train import distributed, lock, validation
 
 log = logging.getLogger("lineax_lm")
 F32 = jnp.float32
@@ -288,12 +289,22 @@ def _finish_profile(state, step: int, steps: int, started: float, workdir: str):
 def _stop_non_finite(mngr, step: int, state, data_iter, config, m: dict, workdir: str):
   """Raises TrainingStopped for a non-finite step `step + 1`, after logging the diagnosis (first,
   so that a failing save cannot hide it) and making sure the unchanged `state` is on disk: a step
-  saved just before (periodically, or the restored one) already holds it."""
+  saved just before (periodically, or the restored one) already holds it. Only a step that passes
+  its checksums is named the last good state: one restored unverified may be what went wrong."""
   diagnosis = (f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
                f"grad_norm={float(m['grad_norm'])})")
   log.error("%s; training stops", diagnosis)
   if step in mngr.all_steps():
-    where = f"step {step}, checkpointed before this step, holds the last good state"
+    mngr.seal()  # a step this run saved is verified once sealed; one it restored unverified is not
+    if checkpoint.verify(mngr, step) is None:
+      where = f"step {step}, checkpointed before this step, holds the last good state"
+    else:
+      newest = next((s for s in sorted(mngr.all_steps(), reverse=True)
+                     if checkpoint.verify(mngr, s) is None), None)
+      where = (f"step {step}, the state before this step, was restored without "
+               f"{checkpoint.CHECKSUMS} and may itself be damaged; "
+               + (f"the newest verified step is {newest} (--config.train.restore_step={newest})"
+                  if newest is not None else "no step is verified"))
   else:
     try:
       checkpoint.save(mngr, step, state, data_iter, config)
@@ -311,6 +322,11 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
   storage.as_path(workdir).mkdir(parents=True, exist_ok=True)  # local or gs://
+  with lock.WorkdirLock(workdir):  # one trainer per workdir
+    return _train(config, workdir, objective, mesh, model_cfg)
+
+
+def _train(config, workdir: str, objective: Objective | None, mesh, model_cfg: ModelConfig) -> dict:
   t = config.train
   objective = objective or Objective()
   dataset = objective.dataset or make_dataset
@@ -335,6 +351,7 @@ def train_and_evaluate(config, workdir: str, objective: Objective | None = None)
                     "later steps again, so their checkpoints were moved aside (not deleted): %s",
                     step, ", ".join(moved))
     else:
+      checkpoint.check_fresh_start(mngr, t.restore_step)
       state = trainer.init(None if objective.init_params is None else objective.init_params())
     step = int(state["step"])
     log.info("model: %s, %.1fM parameters, mesh %s", model_cfg.mixer, trainer.num_params / 1e6,

@@ -5,7 +5,8 @@ ZeroDivisionError after the step compiled, `num_layers=0` as a KeyError, and `lr
 `steps=-5` not at all. `RULES` is one table of (field, allowed range) over the whole config tree;
 `check_config(config)` applies every rule whose field the config has (configs differ: one written
 by an older version may lack a field) and raises one ValueError that lists every field out of range
-with its value and the range allowed, and every broken relation between fields.
+with its value and the range allowed, every string field not among its `CHOICES`, and every broken
+relation between fields. `check_model_config` applies the model's part to a ModelConfig.
 """
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import math
 import numbers
 from typing import Any
 
+import jax.numpy as jnp
+
 from lineax_lm.models.hybrid import ModelConfig
+from pallas_kernels.common import dispatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,51 @@ RULES: tuple[tuple[str, Range], ...] = (
 )
 
 
+def _float_dtype(value) -> bool:
+  try:
+    return jnp.issubdtype(jnp.dtype(value), jnp.floating)
+  except TypeError:
+    return False
+
+
+def _sources() -> tuple[str, ...]:
+  """The data sources, imported when a config's data section is checked: the pipeline imports
+  grain, which a ModelConfig (checked here too) has no need of."""
+  from lineax_lm.data.pipeline import SOURCES
+  return SOURCES
+
+
+# (dotted field, test, what is allowed): the string fields whose wrong value would otherwise fail
+# far from its cause (a data source blamed on the vocabulary, a dtype or a kernel platform failing
+# inside the model's construction or after compiling). None (a preset's placeholder) is allowed.
+CHOICES: tuple[tuple[str, Any, Any], ...] = (
+    ("data.source", lambda v: v in _sources(), lambda: f"one of {', '.join(_sources())}"),
+    ("model.dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
+    ("model.param_dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
+    ("model.backend", lambda v: v in dispatch.BACKENDS, f"one of {', '.join(dispatch.BACKENDS)}"),
+)
+
+
+def choice_errors(config, choices=CHOICES, prefix: str = "config.") -> list[str]:
+  """One line per field of `config` whose value is not among its `choices`."""
+  errors = []
+  for field, allowed, what in choices:
+    present, value = _lookup(config, field)
+    if present and value is not None and not allowed(value):
+      errors.append(f"{prefix}{field}={value!r}: must be {what() if callable(what) else what}")
+  return errors
+
+
+def platform_errors(config) -> list[str]:
+  """An explicit Pallas backend of another platform than this host's (it fails after compiling)."""
+  _, backend = _lookup(config, "model.backend")
+  if backend in dispatch.PALLAS_BACKENDS and dispatch.platform() != backend:
+    return [f"config.model.backend={backend!r}: this host runs jax on {dispatch.platform()}, where "
+            f"the Pallas {backend} kernels cannot run; use 'auto' (this platform's kernels, else "
+            "xla) or 'xla'"]
+  return []
+
+
 def _lookup(config, field: str):
   """(True, value) of a dotted field of a ConfigDict / mapping tree, or (False, None) if absent."""
   node = config
@@ -147,18 +196,43 @@ def _lookup(config, field: str):
   return True, node
 
 
-def range_errors(config, rules=RULES) -> list[str]:
-  """One line per field of `config` outside its range in `rules` (fields it lacks are skipped)."""
+def range_errors(config, rules=RULES, prefix: str = "config.") -> list[str]:
+  """One line per field of `config` outside its range in `rules` (fields it lacks are skipped),
+  each naming the field as `prefix` + its dotted name."""
   errors = []
   for field, allowed in rules:
     present, value = _lookup(config, field)
     if present and not allowed.allows(value):
-      errors.append(f"config.{field}={value!r}: must be {allowed.describe()}")
+      errors.append(f"{prefix}{field}={value!r}: must be {allowed.describe()}")
   return errors
 
 
+MODEL_RULES = tuple((field.removeprefix("model."), allowed) for field, allowed in RULES
+                    if field.startswith("model."))
+MODEL_CHOICES = tuple((field.removeprefix("model."), *rest) for field, *rest in CHOICES
+                      if field.startswith("model."))
+
+
+def check_model_config(model_cfg) -> None:
+  """ValueError listing every field of a ModelConfig out of its range in RULES or not among its
+  CHOICES (the tables the command line's config goes through), and a head count that does not divide `hidden` when the
+  attention layers take their head size from it."""
+  fields = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)}
+  errors = (range_errors(fields, MODEL_RULES, prefix="ModelConfig.")
+            + choice_errors(fields, MODEL_CHOICES, prefix="ModelConfig."))
+  heads, hidden = fields["heads"], fields["hidden"]
+  if (not errors and fields["head_dim"] is None and hidden % heads
+      and model_cfg.attention_indices):
+    errors.append(f"ModelConfig.heads={heads} does not divide hidden={hidden}: the attention "
+                  f"layers' head size hidden // heads = {hidden // heads} would use "
+                  f"{heads * (hidden // heads)} of the {hidden} channels; set head_dim, or a "
+                  "head count that divides hidden")
+  if errors:
+    raise ValueError("invalid model config:\n  " + "\n  ".join(errors))
+
+
 def relation_errors(config) -> list[str]:
-  """Checks that span fields: the data's packing bound must fit the model's."""
+  """Checks that span fields: the data's packing bound must fit the model's, the warmup the run."""
   errors = []
   has_data, data_bound = _lookup(config, "data.max_segments")
   _, model_bound = _lookup(config, "model.max_segments")
@@ -171,12 +245,21 @@ def relation_errors(config) -> list[str]:
     errors.append(f"config.data.max_segments={data_bound}: must be <= config.model.max_segments="
                   f"{model_bound}, the sequences the model holds per packed row (more turn the "
                   "loss into NaN)")
+  _, warmup = _lookup(config, "train.warmup_steps")
+  _, steps = _lookup(config, "train.steps")
+  if (isinstance(warmup, numbers.Integral) and isinstance(steps, numbers.Integral)
+      and warmup > steps):
+    errors.append(f"config.train.warmup_steps={warmup}: must be <= config.train.steps={steps} "
+                  f"(the run would end at {steps / warmup:.0%} of the warmup, never near "
+                  "config.train.lr)")
   return errors
 
 
 def check_config(config) -> None:
-  """ValueError listing every numeric field of `config` out of its range (see RULES) and every
-  broken relation between fields, each with the field, its value and what is allowed."""
-  errors = range_errors(config) + relation_errors(config)
+  """ValueError listing every numeric field of `config` out of its range (see RULES), every string
+  field not among its CHOICES, a Pallas backend this host cannot run and every broken relation
+  between fields, each with the field, its value and what is allowed."""
+  errors = (range_errors(config) + choice_errors(config) + platform_errors(config)
+            + relation_errors(config))
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))

@@ -140,6 +140,7 @@ def run(family: str, kind: str, d: Dims, args: tuple, *, initial_state, output_f
     h0 = concrete_state(initial_state, state, d)
   if "scale" in options and options["scale"] is None:
     options["scale"] = d.K ** -0.5
+  checks.check_scale(options.get("scale"))
 
   def call(args, initial_state, cu_seqlens):
     fn = dispatch.resolve(family, kind, backend, interpret,

@@ -6,6 +6,8 @@ because a traced value cannot raise.
 """
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,9 @@ def check_qkv(q, k, v, q_name: str = "q") -> tuple[int, int, int, int, int]:
   check_rank("v", v, 4, "[B, T, H, V]")
   B, T, H, K = q.shape
   check_shape("k", k, (B, T, H, K), "[B, T, H, K]")
+  if K < 1 or v.shape[-1] < 1:
+    raise ValueError(f"`{q_name}`, `k` and `v` must have head dims K, V >= 1; got K = {K}, "
+                     f"V = {v.shape[-1]}")
   if tuple(v.shape[:3]) != (B, T, H):
     raise ValueError(f"`v` must have shape [B, T, H, V] with (B, T, H) = {(B, T, H)} from `{q_name}`; "
                      f"got {tuple(v.shape)}")
@@ -68,6 +73,21 @@ def check_state(name: str, state, expected: tuple, layout: str):
   if state is not None:
     check_rank(name, state, len(expected), layout)
     check_shape(name, state, expected, layout)
+    check_floating(name, state)  # a complex state would lose its imaginary part in float32
+
+
+def check_scale(scale):
+  """`scale` must be a real number, or a 0-d floating array (None: the op's default); a concrete
+  one must be finite."""
+  if scale is None:
+    return
+  real = (isinstance(scale, numbers.Real) and not isinstance(scale, bool)) or (
+      getattr(scale, "ndim", None) == 0 and jnp.issubdtype(scale.dtype, jnp.floating))
+  if not real:
+    raise ValueError(f"`scale` must be a real number (the query scale; None: K ** -0.5); got "
+                     f"{type(scale).__name__} {scale!r}")
+  if is_concrete(scale) and not np.isfinite(float(scale)):
+    raise ValueError(f"`scale` must be finite; got {float(scale)}")
 
 
 def log_decay(name: str, g):

@@ -36,6 +36,6 @@ def test_notebook_runs_headless(tmp_path):
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "| Gated DeltaNet |" in out.stdout                      # the recall table
   assert "'The model' -> " in out.stdout                          # text from the trained model
-  assert "['config.json', 'model.safetensors']" in out.stdout    # the HF layout
+  assert "['config.json', 'lineax_checksums.json', 'model.safetensors']" in out.stdout  # HF layout
   assert out.stdout.rstrip().endswith("read back unchanged: True")
   assert os.path.isfile(tmp_path / "runs" / "colab" / "gdn" / "metrics.jsonl")

@@ -5,7 +5,9 @@ that are empty, truncated or not UTF-8, and eval lengths below 1."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 
 import grain
 import gguf
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import lineax_lm
 from lineax_lm.data import text
 from lineax_lm.data.packing import check_segments, pack
 from lineax_lm.data.pipeline import data_vocab_size, default_data_config, make_dataset
@@ -20,6 +23,7 @@ from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill.gguf_file import read_gguf_llama
 from lineax_lm.distill.tokenizer import load_tokenizer_json
 from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.models.pretrained import Pretrained, from_pretrained, save_pretrained
 from lineax_lm.train import validation
 from lineax_lm.train.config import base_config
 from tests.lineax_lm.tiny import tiny_config
@@ -218,6 +222,68 @@ def test_every_bad_field_is_listed_at_once():
     assert text_ in str(e.value)
 
 
+@pytest.mark.parametrize("fields,message", [
+    (dict(vocab_size=0), r"ModelConfig.vocab_size=0: must be an integer >= 1"),
+    (dict(rope_theta=float("nan")), r"ModelConfig.rope_theta=nan: must be a number > 0"),
+    (dict(dtype="bf17"), r"ModelConfig.dtype='bf17': must be a floating-point dtype name"),
+    (dict(heads=3, attn_ratio="1:1"), r"ModelConfig.heads=3 does not divide hidden=32: the attention "
+                                      r"layers' head size hidden // heads = 10 would use 30 of the 32"),
+])
+def test_model_config_built_in_python_goes_through_the_range_table(fields, message):
+  with pytest.raises(ValueError, match=message):
+    tiny_config(**{"kv_heads": None, **fields})
+  tiny_config(heads=3, head_dim=8, kv_heads=None, attn_ratio="1:1")  # an explicit head size: fine
+  tiny_config(heads=3, kv_heads=None)  # no attention layer takes its head size from `heads`
+
+
+def test_warmup_longer_than_the_run_is_a_config_error():
+  config = base_config()
+  config.train.update(dict(steps=10, warmup_steps=100))
+  with pytest.raises(ValueError, match=r"config.train.warmup_steps=100: must be <= "
+                                       r"config.train.steps=10 \(the run would end at 10% of the warmup"):
+    validation.check_config(config)
+  config.train.warmup_steps = 10
+  validation.check_config(config)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.dtype", "bf17", "must be a floating-point dtype name: float32, bfloat16 or float16"),
+    ("data.source", "mqr", "must be one of mqar, text, jsonl, parquet, tfds"),
+    ("model.backend", "gpu", "this host runs jax on cpu, where the Pallas gpu kernels cannot run; "
+                             "use 'auto'"),
+])
+def test_string_fields_out_of_their_choices_name_the_field(field, value, message):
+  config = base_config()
+  section, key = field.split(".")
+  config[section][key] = value
+  with pytest.raises(ValueError, match=rf"config.{field}='{value}': {re.escape(message)}"):
+    validation.check_config(config)
+
+
+def test_a_missing_config_file_is_one_line():
+  from lineax_lm.train import __main__ as cli
+  with pytest.raises(SystemExit, match=r"^error: --config=/no/such.py: no such file \(give a config"):
+    cli.parse_flags(["train", "--config=/no/such.py", "--workdir", "/tmp/x"])
+
+
+def test_stray_positional_arguments_are_refused():
+  from lineax_lm.train import __main__ as cli
+  with pytest.raises(SystemExit, match=r"unexpected argument\(s\) \['run'\]: every argument is a "
+                                       r"--flag \(quote a value that holds spaces"):
+    cli.main(["train", "run"])  # what absl leaves of `--workdir runs/my run`
+
+
+def test_negative_distillation_steps_name_the_stage(tmp_path):
+  from lineax_lm.distill.config import distill_config
+  from lineax_lm.distill.pipeline import distill
+  config = distill_config("gated_deltanet", "runlocal")
+  config.stages.layer.steps = -1
+  with pytest.raises(ValueError, match=r"config.stages.layer.steps=-1: must be >= 0 \(the stage's "
+                                       r"training steps; 0 skips it\)"):
+    distill(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")  # before anything is loaded or written
+
+
 def test_bools_are_not_numbers():
   assert not validation.count(1).allows(True)
   assert validation.count(1, none=True).allows(None) and not validation.count(1).allows(None)
@@ -272,16 +338,29 @@ def test_non_utf8_offset_across_read_blocks(tmp_path):
   text._check_text_file(str(path), block=3)
 
 
-def test_empty_data_files(tmp_path):
+@pytest.mark.parametrize("content,message", [
+    (b"", "the file is empty"),
+    (b"\xef\xbb\xbf", "the file holds only a UTF-8 byte-order mark"),  # no text either
+])
+def test_empty_data_files(tmp_path, content, message):
   empty = tmp_path / "empty.txt"
-  empty.write_bytes(b"")
-  with pytest.raises(ValueError, match="empty.txt: the file is empty"):
+  empty.write_bytes(content)
+  with pytest.raises(ValueError, match=f"empty.txt: {message}"):
     text.TextFileSource(str(empty), unit="file")
   with pytest.raises(ValueError, match="hold no non-blank line"):
     text.TextFileSource(str(empty), unit="line")
-  with pytest.raises(ValueError, match="the file is empty"):  # the issue's NaN case, now early
+  with pytest.raises(ValueError, match=message):  # the issue's NaN case, now early
     make_dataset(text_config(str(empty), text_unit="file"), seed=0, process_index=0,
                  process_count=1)
+
+
+def test_no_document_holds_a_byte_order_mark(tmp_path):
+  path = tmp_path / "bom.txt"
+  path.write_bytes(b"\xef\xbb\xbfhello\nworld\n")
+  assert text.TextFileSource(str(path), unit="file")[0] == "hello\nworld\n"
+  assert text.TextFileSource(str(path), unit="line")[0] == "hello"
+  path.write_bytes(b'\xef\xbb\xbf{"text": "hi"}\n')
+  assert text.JsonlSource(str(path))[0] == "hi"
 
 
 def write_tokenizer(folder):
@@ -355,7 +434,7 @@ def test_truncated_gguf_names_the_file(tmp_path):
     ("--lengths", "0"), ("--lengths", "512,-4"), ("--lengths", ","), ("--mqar_lengths", "0"),
     ("--mqar_kv_pairs", "-1"), ("--efficiency_lengths", "0"), ("--num_examples", "0"),
     ("--mqar_examples", "0"), ("--batch_size", "0"), ("--max_len", "0"), ("--ppl_documents", "0"),
-    ("--step", "-1"), ("--lengths", "abc"),
+    ("--step", "-1"), ("--lengths", "abc"), ("--tasks", ","), ("--tasks", " "),
 ])
 def test_eval_arguments_below_one_name_the_argument(argument, value, capsys):
   from lineax_lm.eval.__main__ import parse_args
@@ -374,3 +453,161 @@ def test_eval_functions_reject_lengths_below_one():
   from lineax_lm.eval.__main__ import parse_args
   args = parse_args(["--workdir", "w", "--lengths", "64,128"])
   assert args.lengths == [64, 128] and args.efficiency_lengths == [2048, 8192, 32768]
+
+
+# ------------------------------------------------------------------------------ saved models
+@pytest.fixture(scope="module")
+def saved_model():
+  """A tiny model with attention layers whose key / value heads follow `heads` (no GQA): a changed
+  head count then keeps every tensor's shape."""
+  return HybridLM(tiny_config(vocab_size=259, attn_ratio="1:1", kv_heads=None), nnx.Rngs(0))
+
+
+def _edit_config(folder, **fields):
+  path = os.path.join(folder, "config.json")
+  with open(path) as f:
+    meta = json.load(f)
+  with open(path, "w") as f:
+    json.dump({**meta, **fields}, f)
+
+
+def test_saved_weights_with_garbage_bytes_are_refused(saved_model, tmp_path):
+  folder = save_pretrained(saved_model, tmp_path / "m", tokenizer=ByteTokenizer())
+  weights = tmp_path / "m" / "model.safetensors"
+  data = bytearray(weights.read_bytes())
+  data[len(data) // 2:len(data) // 2 + 256] = np.random.default_rng(0).bytes(256)
+  weights.write_bytes(bytes(data))
+  with pytest.raises(ValueError, match=rf"{weights} does not match its sha256 in "
+                                       r"lineax_checksums.json: the file changed since save_pretrained"):
+    from_pretrained(folder)
+
+
+@pytest.mark.parametrize("field,value", [("heads", 2), ("rope_theta", 500.0)])
+def test_a_config_edited_with_the_shapes_intact_is_refused(saved_model, tmp_path, field, value):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  _edit_config(folder, **{field: value})
+  saved = getattr(saved_model.config, field)
+  with pytest.raises(ValueError, match=rf"config.json does not describe the tensors in "
+                                       rf"model.safetensors: {field}={value!r} \(saved with {saved!r}\)"):
+    from_pretrained(folder)
+  _edit_config(folder, **{field: saved}, backend="reference", remat="full")  # how it runs: allowed
+  assert from_pretrained(folder).config.backend == "reference"
+
+
+def test_save_into_a_non_empty_folder_needs_overwrite_and_then_removes_the_old_model(saved_model,
+                                                                                    tmp_path):
+  from lineax_lm.data.tokenizer import HFTokenizer
+  folder = str(tmp_path / "m")
+  tok = HFTokenizer(write_tokenizer(str(tmp_path / "tok")), bos_token="</s>", eos_token="</s>",
+                    pad_token="</s>")
+  save_pretrained(saved_model, folder, tokenizer=tok)
+  (tmp_path / "m" / "README.md").write_text("notes")
+  with pytest.raises(FileExistsError, match=rf"{folder} is not empty \(README.md, config.json, "
+                                            r"lineax_checksums.json, model.safetensors, tokenizer"
+                                            r".json\); pass overwrite=True"):
+    save_pretrained(saved_model, folder, tokenizer=ByteTokenizer())
+  save_pretrained(saved_model, folder, tokenizer=ByteTokenizer(), overwrite=True)
+  assert sorted(os.listdir(folder)) == ["README.md", "config.json", "lineax_checksums.json",
+                                        "model.safetensors"]  # no stale tokenizer.json
+  assert isinstance(lineax_lm.load(folder).tokenizer, ByteTokenizer)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json", r"config.json is not valid JSON \(Expecting property name"),
+    ("[1, 2]", r"config.json must hold a JSON object \(the model's config\); it holds a list"),
+    (None, r"config.json does not describe a valid model: invalid model config:\n  "
+           r"ModelConfig.heads='4': must be an integer >= 1"),
+])
+def test_a_bad_config_json_names_the_file(saved_model, tmp_path, content, message):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  if content is None:
+    _edit_config(folder, heads="4")
+  else:
+    (tmp_path / "m" / "config.json").write_text(content)
+  with pytest.raises(ValueError, match=rf"{tmp_path / 'm'}/{message}"):
+    from_pretrained(folder)
+
+
+def test_a_truncated_safetensors_file_names_the_file(saved_model, tmp_path):
+  folder = save_pretrained(saved_model, tmp_path / "m")
+  weights = tmp_path / "m" / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:1000])
+  with pytest.raises(ValueError, match=rf"{weights} does not match its sha256"):
+    from_pretrained(folder)
+  os.remove(tmp_path / "m" / "lineax_checksums.json")  # a folder saved before checksums
+  with pytest.raises(ValueError, match=rf"{weights} is not a readable safetensors file \(truncated"):
+    from_pretrained(folder)
+
+
+# ------------------------------------------------------------------------------ generation
+@pytest.mark.parametrize("bad", [259, 10**6, -1])
+def test_prompt_ids_outside_the_vocabulary_are_refused(saved_model, bad):
+  message = rf"must hold token ids in \[0, vocab_size=259\); got ids from {min(bad, 5)} to {max(bad, 5)}"
+  with pytest.raises(ValueError, match=r"`prompt_ids` " + message):
+    lineax_lm.generate(saved_model, [[5, bad]], 2, temperature=0.0)
+  with pytest.raises(ValueError, match=r"`prompts\[1\]` " + message):
+    lineax_lm.generate_ragged(saved_model, [[5], [5, bad]], 2, temperature=0.0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=float("nan")), r"`temperature` must be a finite number >= 0 \(0: greedy\); got nan"),
+    (dict(temperature=1.0, rng=0), r"`rng` must be a jax.random key, e.g. jax.random.key\(0\); got int 0"),
+    (dict(temperature=0.0, eos_id=300), r"`eos_id` must be a token id in \[0, vocab_size=259\); got 300"),
+])
+def test_bad_sampling_arguments_name_the_argument(saved_model, kwargs, message):
+  for generate in (lineax_lm.generate, lineax_lm.generate_ragged):
+    with pytest.raises(ValueError, match=message):
+      generate(saved_model, [[1, 2]], 2, **kwargs)
+  if "eos_id" not in kwargs:  # text generation takes the tokenizer's
+    with pytest.raises(ValueError, match=message):
+      Pretrained(saved_model, ByteTokenizer()).generate("a", 2, **kwargs)
+
+
+@pytest.mark.parametrize("prompts,message", [
+    (b"The cat", r"got bytes \(decode it first: prompts.decode\(\)\)"),
+    (None, r"got NoneType"), (["a", None, b"b"], r"got a sequence holding NoneType, bytes"),
+])
+def test_text_prompts_must_be_strings(saved_model, prompts, message):
+  with pytest.raises(ValueError, match=r"`prompts` must be a string or a sequence of strings; " + message):
+    Pretrained(saved_model, ByteTokenizer()).generate(prompts, 2)
+
+
+def test_a_generation_too_large_for_memory_is_refused_up_front(saved_model):
+  from lineax_lm.models.generate import memory_limit
+  limit, what = memory_limit()
+  with pytest.raises(ValueError, match=rf"generating max_new_tokens={2**30} for 1 prompts \(a cache of "
+                                       rf"256.0 GiB for {2**30 + 16} tokens per row, plus the token "
+                                       rf"buffers\) needs 268.0 GiB, more than the {limit / 2**30:.1f} "
+                                       rf"GiB of {what}"):
+    lineax_lm.generate_ragged(saved_model, [[1, 2]], 2**30, temperature=0.0)
+
+
+def _run_with_config(workdir, config):
+  """A workdir whose checkpoint holds `config` (what eval reads first) and a small state."""
+  from lineax_lm.train import checkpoint
+  mngr = checkpoint.manager(workdir, async_save=False)
+  checkpoint.save(mngr, 1, {"step": np.int32(1)}, config=config)
+  mngr.close()
+  return workdir
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], r"ppl measures text, and .*run trained on MQAR token ids .*: drop ppl from --tasks"),
+    (["--ppl_paths", "heldout.txt"], r"ppl measures text, and .*run trained on MQAR token ids"),
+])
+def test_eval_ppl_on_an_mqar_run_says_why(tmp_path, extra, message):
+  from lineax_lm.eval.__main__ import parse_args, run
+  workdir = _run_with_config(str(tmp_path / "run"), base_config())  # data.source: mqar
+  with pytest.raises(ValueError, match=message):
+    run(parse_args(["--workdir", workdir, "--tasks", "ppl", *extra]))
+
+
+def test_eval_lengths_too_long_for_memory_are_refused_up_front(saved_model):
+  from lineax_lm.eval.__main__ import check_scoring_memory
+  from lineax_lm.models.generate import memory_limit
+  limit, what = memory_limit()
+  with pytest.raises(ValueError, match=rf"--mqar_lengths=16777216 with --batch_size=8 \(a batch of 8 x "
+                                       rf"16777216 tokens\) needs \d+\.\d GiB, more than the "
+                                       rf"{limit / 2**30:.1f} GiB of {what}"):
+    check_scoring_memory(saved_model, [64, 2**24], 8, "--mqar_lengths")
+  check_scoring_memory(saved_model, [64], 8, "--mqar_lengths")  # fits

@@ -79,6 +79,30 @@ def test_state_errors_name_the_argument():
     api.concrete_state((jnp.zeros((2, 3, 4, 5)), jnp.zeros((2, 3, 5)), jnp.zeros((2, 3))), mlstm, d)
   with pytest.raises(ValueError, match="`initial_state` must have shape"):
     api.concrete_state(jnp.zeros((1, 3, 4, 5)), api.MATRIX, d)
+  with pytest.raises(ValueError, match="`initial_state` must be a floating-point array; got dtype "
+                                       "complex64"):
+    api.concrete_state(jnp.zeros((2, 3, 4, 5), jnp.complex64), api.MATRIX, d)
+
+
+def _qkv(K=4):
+  x = lambda *s: jnp.asarray(np.random.default_rng(0).standard_normal(s), jnp.float32)
+  return x(1, 8, 2, K), x(1, 8, 2, K), x(1, 8, 2, 4)
+
+
+@pytest.mark.parametrize("scale,message", [
+    (float("nan"), "`scale` must be finite; got nan"), (float("inf"), "`scale` must be finite; got inf"),
+    (jnp.float32(jnp.inf), "`scale` must be finite; got inf"),
+    ("0.5", r"`scale` must be a real number \(the query scale; None: K \*\* -0.5\); got str '0.5'"),
+    (True, "`scale` must be a real number"),
+])
+def test_scale_must_be_a_finite_real_number(scale, message):
+  with pytest.raises(ValueError, match=message):
+    pallas_kernels.chunk_linear_attn(*_qkv(), scale=scale, backend="xla")
+
+
+def test_head_dims_of_zero_are_refused():
+  with pytest.raises(ValueError, match=r"`q`, `k` and `v` must have head dims K, V >= 1; got K = 0"):
+    pallas_kernels.chunk_linear_attn(*_qkv(K=0), backend="xla")
 
 
 @pytest.mark.parametrize("family", dispatch.FAMILIES)

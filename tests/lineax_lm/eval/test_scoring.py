@@ -82,6 +82,19 @@ def test_rolling_windows_predict_every_token_once(model):
   assert res["bits_per_byte"] == pytest.approx(res["nll"] / 14 / np.log(2))
 
 
+def test_bits_per_byte_count_utf8_bytes_not_characters(model):
+  """Non-ASCII text: 2- and 3-byte characters. With the byte tokenizer every UTF-8 byte is a
+  token, so bits per byte equal bits per token, and the bytes outnumber the characters."""
+  docs = ["héllo wörld", "日本語のテキスト", "naïve"]
+  res = language.perplexity(scoring.Scorer(model, batch_size=4), TOK, docs, max_len=64)
+  nbytes = sum(len(d.encode("utf-8")) for d in docs)
+  assert res["bytes"] == nbytes == 13 + 24 + 6 and nbytes > sum(map(len, docs))
+  nll = -sum(float(log_probs(model, [TOK.bos_id] + TOK.encode(d))[0].sum()) for d in docs)
+  assert res["nll"] == pytest.approx(nll, rel=1e-4)
+  assert res["bits_per_byte"] == pytest.approx(nll / nbytes / np.log(2), rel=1e-4)
+  assert res["bits_per_byte"] == pytest.approx(res["bits_per_token"], rel=1e-6)
+
+
 def test_teacher_forced_greedy_match_agrees_with_generate(model):
   scorer = scoring.Scorer(model, batch_size=4)
   prompts = np.random.default_rng(1).integers(0, 256, (3, 24)).astype(np.int32)

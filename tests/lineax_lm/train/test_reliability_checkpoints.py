@@ -117,6 +117,82 @@ def test_a_step_without_checksums_restores_unverified_or_is_set_aside(tmp_path, 
   mngr.close()
 
 
+def _trained(step):
+  """A state whose array is incompressible, as trained weights are: bytes garbled inside its file
+  still decode (into values of 1e30 and beyond), where a compressible array's fail to."""
+  w = np.random.default_rng(step).normal(size=(64, 64)).astype(np.float32)
+  return {"step": jnp.asarray(step, jnp.int32), "w": jnp.asarray(w)}
+
+
+def _garble(step_dir, n=64):
+  """`n` random bytes over the middle of the largest file of `step_dir`'s state."""
+  files = [os.path.join(r, f) for r, _, names in os.walk(os.path.join(step_dir, "state")) for f in names]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    f.write(np.random.default_rng(0).bytes(n))
+
+
+def test_a_garbled_step_without_checksums_is_set_aside(tmp_path, caplog):
+  mngr = checkpoint.manager(str(tmp_path), keep=0, async_save=False)
+  for s in (1, 2, 3):
+    checkpoint.save(mngr, s, _trained(s))
+  os.remove(tmp_path / "checkpoints" / "3" / checkpoint.CHECKSUMS)  # a run killed before sealing
+  _garble(tmp_path / "checkpoints" / "3")
+  with caplog.at_level(logging.WARNING, logger="lineax_lm"):
+    state, step = checkpoint.restore(mngr, checkpoint.abstract(_trained(0)), set_aside_damaged=True)
+  assert step == 2
+  np.testing.assert_array_equal(state["w"], _trained(2)["w"])
+  assert "restores implausible values (w hold NaN, inf or values beyond 1e19)" in caplog.text
+  assert _set_aside(tmp_path) == ["3-damaged"]
+  mngr.close()
+
+
+def test_implausible_values_shapes_dtypes_and_step_counters():
+  target = checkpoint.abstract(_trained(0))
+  assert checkpoint.implausibility(_trained(3), target, 3) == ""
+  for w, why in [(np.full((64, 64), np.inf, np.float32), "w hold NaN, inf or values beyond 1e19"),
+                 (np.full((64, 64), 3e19, np.float32), "w hold NaN, inf or values beyond 1e19"),
+                 (np.zeros((64, 32), np.float32), "w is float32[64, 32], the target float32[64, 64]"),
+                 (np.zeros((64, 64), np.float16), "w is float16[64, 64], the target float32[64, 64]")]:
+    assert checkpoint.implausibility({**_trained(3), "w": jnp.asarray(w)}, target, 3) == why
+  assert checkpoint.implausibility(_trained(20), target, 3) == "its step counter reads 20"
+
+
+def test_an_unverified_step_is_never_named_the_last_good_state(tmp_path):
+  from lineax_lm.train.trainer import _stop_non_finite
+  mngr = _saved(tmp_path, steps=(1, 2))
+  os.remove(tmp_path / "checkpoints" / "2" / checkpoint.CHECKSUMS)  # restored unverified
+  nan = {"loss": float("nan"), "grad_norm": float("nan")}
+  with pytest.raises(TrainingStopped, match=rf"step 2, the state before this step, was restored "
+                     rf"without {checkpoint.CHECKSUMS} and may itself be damaged; the newest verified "
+                     r"step is 1 \(--config.train.restore_step=1\)"):
+    _stop_non_finite(mngr, 2, _state(2), None, None, nan, str(tmp_path))
+  mngr.close()
+
+
+def test_restore_step_without_a_checkpoint_is_an_error(tmp_path):
+  config = tiny_config()
+  config.train.restore_step = 5
+  with pytest.raises(checkpoint.CheckpointError, match=r"config.train.restore_step=5, but .*run/"
+                                                       r"checkpoints holds no checkpoint. Move a step"):
+    train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_a_fresh_start_names_the_steps_set_aside(tmp_path, caplog):
+  mngr = _saved(tmp_path, steps=(1, 2))
+  for step in (1, 2):
+    checkpoint.set_aside(mngr, step, "damaged")  # what a rerun finds after every step was damaged
+  with caplog.at_level(logging.WARNING, logger="lineax_lm"):
+    checkpoint.check_fresh_start(mngr, -1)
+  assert "training starts from step 0. Steps set aside earlier" in caplog.text
+  assert "1-damaged, 2-damaged" in caplog.text
+  with pytest.raises(checkpoint.CheckpointError, match=r"holds no checkpoint; .*checkpoints-set-aside "
+                                                       r"holds 1-damaged, 2-damaged"):
+    checkpoint.check_fresh_start(mngr, 2)
+  mngr.close()
+
+
 def test_saving_an_existing_step_replaces_it_and_keeps_the_old_one_aside(tmp_path):
   mngr = _saved(tmp_path, steps=(1, 2))
   checkpoint.save(mngr, 2, _state(20))  # Orbax alone raises StepAlreadyExistsError here
@@ -202,6 +278,20 @@ def test_damaged_older_checkpoint_is_found_on_fallback(clean_run, clean_copy, ca
   assert summary["step"] == 6 and summary["loss"] == clean_run[2]["loss"]
   assert "resuming from step 2" in caplog.text and "step 4: file" in caplog.text
   assert _set_aside(workdir) == ["4-damaged", "6-damaged"]
+
+
+@pytest.mark.slow
+def test_a_garbled_unverified_newest_step_is_set_aside_not_resumed(clean_run, clean_copy, caplog):
+  """The newest step lost its checksums (a run killed before sealing) and holds garbage bytes that
+  still decode: the run must not resume from it (and stop at NaN a step later), but from step 4."""
+  config, workdir = clean_copy
+  os.remove(os.path.join(workdir, "checkpoints", "6", checkpoint.CHECKSUMS))
+  _garble(os.path.join(workdir, "checkpoints", "6"))
+  with caplog.at_level(logging.WARNING, logger="lineax_lm"):
+    summary = train_and_evaluate(config, workdir)
+  assert summary["step"] == 6 and summary["loss"] == clean_run[2]["loss"]
+  assert "restores implausible values" in caplog.text and "resuming from step 4" in caplog.text
+  assert _set_aside(workdir) == ["6-damaged"]
 
 
 @pytest.mark.slow
