@@ -29,6 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pallas_kernels.bench import OPS, make_inputs, op_of  # noqa: E402
+from pallas_kernels.common import segments  # noqa: E402
 
 INTERPRET = False  # --interpret: run the Pallas paths interpreted (a CPU smoke test of this script)
 def _variants():
@@ -161,6 +162,8 @@ def main(argv=None):
   p.add_argument("--scaling", action="store_true")
   p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
   p.add_argument("--interpret", action="store_true")
+  p.add_argument("--segments", default="1", help="segment counts to time each op row at, e.g. "
+                 "1,auto,4,16 (pallas_kernels.common.segments: 1 is the op whole)")
   p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
   a = p.parse_args(argv)
   H, K, V = map(int, a.hkv.split(","))
@@ -192,9 +195,11 @@ def main(argv=None):
     inputs = make_inputs(B, T, H, K, V, jnp.bfloat16)
     for name in filter(None, a.ops.split(",")):  # --ops "": only what the other flags ask for
       for backend in a.backends.split(","):
-        r = run(f"{name}/{backend} {B}x{T}", time_op, name, backend, inputs)
-        res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", **r))
-        save()
+        for seg in a.segments.split(","):
+          with segments.segment_parallel(seg if seg == "auto" else int(seg)):  # traced inside
+            r = run(f"{name}/{backend} {B}x{T} segments={seg}", time_op, name, backend, inputs)
+          res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", segments=seg, **r))
+          save()
     if (B, T) == shapes[0]:
       for name in filter(None, a.ops.split(",")) if a.trace else ():
         res["traces"][name] = run(f"trace {name}", trace_op, name, a.backends.split(",")[0], inputs,
@@ -219,17 +224,19 @@ def main(argv=None):
 
 
 def print_tables(res, fla):
-  print("\n| op | shape | backend | fwd ms | fwd+bwd ms | compile s | peak GiB | fla fwd / fwd+bwd ms | "
-        "fla/ours fwd | fla/ours fwd+bwd | fla peak GiB |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  print("\n| op | shape | backend | segments | fwd ms | fwd+bwd ms | compile s | peak GiB | fla fwd / "
+        "fwd+bwd ms | fla/ours fwd | fla/ours fwd+bwd | fla peak GiB |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in res["rows"]:
     if "error" in r:
-      print(f"| {r['op']} | {r['shape']} | {r['backend']} | error: {r['error'][:80]} |")
+      print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
+            f"error: {r['error'][:80]} |")
       continue
     f = fla.get(r["op"], {}).get(r["shape"], {})
     ratio = lambda key: f"{f[key] / r[key]:.2f}x" if key in f else "-"
     fla_ms = f"{f['fwd_ms']:.3f} / {f['fwdbwd_ms']:.3f}" if "fwd_ms" in f else f.get("error", "-")[:40]
-    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
+          f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
           f"{r['compile_s']:.1f} | {r['peak_GiB']:.2f} | {fla_ms} | {ratio('fwd_ms')} | "
           f"{ratio('fwdbwd_ms')} | {f.get('peak_GiB', '-')} |")
   for name, table in res.get("traces", {}).items():

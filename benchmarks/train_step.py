@@ -5,6 +5,8 @@
     python benchmarks/train_step.py --run_torch                      # + fla and HF Llama, same call
     python benchmarks/train_step.py --run_torch --long               # B=1, T=32,768
     python benchmarks/train_step.py --torch DIR/torch_train_step.json    # torch figures run before
+    python benchmarks/train_step.py --long --presets gated_deltanet_340m_fla,gated_deltanet_340m_fla@auto
+                                            # the linear ops whole, then on segments of T
 
 --run_torch runs benchmarks/torch_train_step.py (HF's LlamaForCausalLM, then fla's
 GatedDeltaNetForCausalLM, at the same batch and length) in a subprocess before JAX touches the GPU,
@@ -36,11 +38,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from contextlib import nullcontext
 
 import jax
 import numpy as np
 
 from lineax_lm import sharding
+from pallas_kernels.common import segments
 from lineax_lm.models.presets import get_preset
 from lineax_lm.train import metrics
 from lineax_lm.train.config import base_config
@@ -182,7 +186,7 @@ def run_each_in_process(a, specs: list[str]) -> list[dict]:
   """Each preset in a process of its own (this script with one preset): its rows."""
   rows = []
   for spec in specs:
-    part = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_") + ".json"
+    part = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg") + ".json"
     args = [sys.executable, os.path.abspath(__file__), "--presets", spec, "--json", part]
     for key in ("batch", "seq", "loss_chunk", "steps", "dtype", "remat", "attn_impl", "set",
                 "profile"):
@@ -262,12 +266,16 @@ def main():
 
 
 def run_one(a, spec: str) -> dict:
-  preset, _, ratio = spec.partition(":")  # "name:3:1" = the preset with attn_ratio "3:1"
+  # "name:3:1" = the preset with attn_ratio "3:1"; "name@16" / "name@auto": its linear ops on 16
+  # segments of T / on the automatic count (pallas_kernels.common.segments)
+  model, _, seg = spec.partition("@")
+  preset, _, ratio = model.partition(":")
   overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
                    **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
-  stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_")
-  row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
-                   stem + ".hlo.txt" if a.hlo else None)
+  stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg")
+  with segments.segment_parallel(seg if seg in ("", "auto") else int(seg)) if seg else nullcontext():
+    row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
+                     stem + ".hlo.txt" if a.hlo else None)
   if table:
     with open(stem + ".profile.md", "w") as f:
       f.write(f"# {spec}: B={a.batch} T={a.seq}, {a.profile} steps\n\n{table}\n")
