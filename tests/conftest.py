@@ -33,6 +33,14 @@ _CACHE = os.environ["LINEAX_LM_TEST_JAX_CACHE"]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
+# On a GPU host each pytest-xdist worker is its own JAX process on the one GPU: uncapped, the first
+# workers' allocators grow into memory the later ones need (out-of-memory and "failed to initialize
+# BLASLT" errors at 8 workers). Each worker takes its share, 90% of the GPU over the workers; the
+# variable means nothing to the CPU backend.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / _workers:.3f}")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
