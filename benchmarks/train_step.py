@@ -20,7 +20,7 @@ subprocess (a stopped fla keeps Llama's row).
 
 Runs lineax_lm.train.trainer.Trainer's jitted step (AdamW, clipping, bf16 activations with float32
 master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM timed the same way
-with torch (B=8, T=4096, vocab 32,000: 89.8k tokens/s, 54.8 GiB on the H200; benchmarks/NOTES.md).
+with torch (B=8, T=4096, vocab 32,000: 88.8k tokens/s, 54.8 GiB on the H200; benchmarks/RESULTS.md).
 MFU uses 6 N FLOPs per token with N all parameters (the anchor's convention) over the device's dense
 bf16 peak. Defaults: the fla-matched 340M Gated DeltaNet and the same model with attention at every
 4th layer (3:1). Several presets run one process each (the script calls itself with one preset), so

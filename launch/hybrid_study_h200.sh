@@ -16,8 +16,8 @@
 #   ONLY [every cell] cells as the grid's --only (mixer[:ratio][@seed],...)
 #   NEXT [every unfinished cell] only the next NEXT unfinished cells: on a machine that is fresh
 #   for every call, as many as PARALLEL and few enough to finish inside T_LIMIT (a `small` cell
-#   shares the GPU: three DeltaNet cells at once took 460 s, four would take about 590 s;
-#   benchmarks/NOTES.md)
+#   shares the GPU: three DeltaNet cells at once took 460 s; four step at 0.24 s each, about
+#   590 s with start and scoring)
 #   PARALLEL [4] cells at a time (8 if their memory allows)   T_LIMIT [540] seconds before SIGTERM
 #   (the running cells save; 30 s later they are killed)   RESULTS_IN [unset] the finished cells
 #   of earlier calls, copied into GRID_DIR first (a fresh machine): a results archive (below) or a

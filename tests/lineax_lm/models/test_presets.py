@@ -26,7 +26,7 @@ def test_340m_presets_are_340m():
 
 def test_fla_anchor_preset_matches_fla_gated_deltanet():
   """fla's GatedDeltaNetForCausalLM(hidden 1024, 24 layers, 4 heads x 256, expand_v 2, vocab 32000)
-  has 475M parameters (counted with torch on the GPU host; benchmarks/NOTES.md)."""
+  has 475M parameters (counted with torch on the GPU host)."""
   counts = count_params(get_preset("gated_deltanet_340m_fla"))
   print(format_counts("gated_deltanet_340m_fla", counts))
   assert round(counts["total"] / 1e6) == 475
