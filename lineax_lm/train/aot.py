@@ -17,9 +17,12 @@ the settings that shard or drop what takes the room.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -195,3 +198,83 @@ def main(config, topology: str) -> int:
     return 2
   print("\n".join(report.lines()))
   return 0
+
+
+# --- the presets x topologies table -------------------------------------------------------------
+
+# (preset, topology, overrides): the 340M and 1.3B presets of four mixers, pure and 3:1 hybrid, and
+# the Transformer, on the slices people rent, at T=4096 and 0.5M tokens a step (the papers' batch);
+# last, one long-context row with the sequence split over a context axis (1M tokens a step: the
+# batch must divide over the 8 fsdp chips).
+TABLE_PRESETS = [f"{m}{h}_{s}" for s in ("340m", "1.3b")
+                 for m in ("gated_deltanet", "gla", "hgrn2", "kda") for h in ("", "_hybrid")]
+TABLE_PRESETS += ["transformer_340m", "transformer_1.3b"]
+TABLE_TOPOLOGIES = ["v5e-8", "v5p-8", "v6e-8", "v5p-64", "v5p-128"]
+# bf16 compute on float32 parameters, FSDP over every chip, each layer's activations recomputed in
+# the backward: the setting that fits the most.
+TABLE_SETTINGS = ["--config.train.tokens=10_000_000_000", "--config.model.dtype=bfloat16", "--config.model.remat=full", "--config.mesh.data=1",
+                  "--config.mesh.fsdp=-1", "--config.data.seq_len=4096",
+                  "--config.data.global_batch_size=128"]
+LONG_CONTEXT = ("gated_deltanet_hybrid_1.3b", "v5p-128",
+                ["--config.train.tokens=10_000_000_000", "--config.model.dtype=bfloat16",
+                 "--config.model.remat=full", "--config.mesh.data=1", "--config.mesh.fsdp=8", "--config.mesh.context=8", "--config.data.seq_len=131072",
+                 "--config.data.global_batch_size=8"])
+
+
+def table_rows():
+  return [(p, t, TABLE_SETTINGS) for p in TABLE_PRESETS for t in TABLE_TOPOLOGIES] + [LONG_CONTEXT]
+
+
+def run_row(preset: str, topology: str, overrides: list[str], timeout: float) -> dict:
+  """One row through the real command line, in a child process under `timeout` seconds."""
+  cmd = [sys.executable, "-m", "lineax_lm.train", f"--config=configs/lm.py:{preset}",
+         f"--aot={topology}", *overrides]
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timeout (> {timeout:.0f} s)"}
+  out = done.stdout + done.stderr
+  if done.returncode == 1:  # does not fit: the per-chip need is in the message
+    need = re.search(r"needs ([\d.]+) GiB per chip", out)
+    return {"fits": "no", "gib": need.group(1) if need else "?", "compile_s": time.perf_counter() - start}
+  if done.returncode:
+    error = re.search(r"^(error:.*|\w*Error\b.*)", out, re.MULTILINE | re.DOTALL)
+    return {"error": " ".join((error.group(1) if error else f"exit {done.returncode}").split())[:200]}
+  get = lambda pattern: re.search(pattern, out).group(1)
+  return {"fits": "yes", "gib": get(r"HBM per chip ([\d.]+) GiB"), "compile_s": float(get(r"compile ([\d.]+) s")),
+          "tokens_s": get(r"<= ([\d,]+) tokens/s per chip"), "mfu": get(r"MFU <= ([\d.]+%)")}
+
+
+def table_markdown(rows: list[tuple[tuple, dict | None]]) -> str:
+  out = ["| preset | slice | T | fits | GiB / chip | compile s | tokens/s / chip (roofline) | MFU (roofline) |",
+         "|---|---|---:|---|---:|---:|---:|---:|"]
+  for (preset, topology, overrides), r in rows:
+    T = next(o.split("=")[1] for o in overrides if o.startswith("--config.data.seq_len="))
+    if r is None or "error" in r:
+      cells = [r["error"].replace("|", "/") if r else "not run", "", "", "", ""]
+    else:
+      cells = [r["fits"], r["gib"], f"{r['compile_s']:.0f}", r.get("tokens_s", ""), r.get("mfu", "")]
+    out.append(f"| {preset} | {topology} | {int(T):,} | " + " | ".join(cells) + " |")
+  return "\n".join(out) + "\n"
+
+
+def table_main(argv=None):
+  """python -m lineax_lm.train.aot [--out FILE] [--timeout S]: the presets x topologies table, one
+  `python -m lineax_lm.train --aot` per row, the file rewritten after each."""
+  ap = argparse.ArgumentParser(description=table_main.__doc__)
+  ap.add_argument("--out", help="markdown file, rewritten after every row")
+  ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
+  args = ap.parse_args(argv)
+  rows = [(row, None) for row in table_rows()]
+  for i, (row, _) in enumerate(rows):
+    rows[i] = (row, run_row(*row, timeout=args.timeout))
+    print(table_markdown([rows[i]]).splitlines()[-1], flush=True)
+    if args.out:
+      with open(args.out, "w") as f:
+        f.write(table_markdown(rows))
+  print(table_markdown(rows))
+
+
+if __name__ == "__main__":
+  table_main()

@@ -41,3 +41,15 @@ def test_tiny_step_compiles_for_four_v5e_chips(capsys):
   small = aot.Report(**{**report.__dict__, "chip": aot.Chip("TPU tiny", 1e12, 1, 1e9, 1)})
   with pytest.raises(aot.DoesNotFit, match=r"GiB per chip.*mesh \{'data': 2, 'fsdp': 2.*remat=full"):
     aot.raise_if_too_big(config, small)
+
+
+def test_presets_table_rows_and_markdown():
+  rows = aot.table_rows()
+  assert len(rows) == len(aot.TABLE_PRESETS) * len(aot.TABLE_TOPOLOGIES) + 1
+  assert rows[-1] == aot.LONG_CONTEXT and "--config.mesh.context=8" in rows[-1][2]
+  text = aot.table_markdown([(rows[0], {"fits": "yes", "gib": "3.10", "compile_s": 95.0,
+                                        "tokens_s": "12,345", "mfu": "41.0%"}),
+                             (rows[-1], None), (rows[1], {"error": "timeout (> 1800 s)"})])
+  assert "| gated_deltanet_340m | v5e-8 | 4,096 | yes | 3.10 | 95 | 12,345 | 41.0% |" in text
+  assert "| gated_deltanet_hybrid_1.3b | v5p-128 | 131,072 | not run |" in text
+  assert "| v5p-8 | 4,096 | timeout (> 1800 s) |" in text
