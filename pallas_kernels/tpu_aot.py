@@ -259,6 +259,20 @@ def table(rows: list[tuple[Item, dict | None]]) -> str:
   return "\n".join(out) + "\n"
 
 
+def fill_table(keys, run_one, render, out: str | None = None) -> str:
+  """`run_one(key)` for each key in order, printing each row as it finishes and rewriting the
+  markdown file `out` (`render([(key, result or None), ...])`, rows not yet run as None) after
+  every one; returns the whole table."""
+  rows = [(key, None) for key in keys]
+  for i, key in enumerate(keys):
+    rows[i] = (key, run_one(key))
+    print(render([rows[i]]).splitlines()[-1], flush=True)
+    if out:
+      with open(out, "w") as f:
+        f.write(render(rows))
+  return render(rows)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--chips", default=",".join(CHIPS), help=f"comma-separated, of {sorted(CHIPS)}")
@@ -279,14 +293,7 @@ def main(argv=None):
     if bad:
       sys.exit(f"error: {name}: unknown {bad}; choose from {sorted(known)}")
   items = matrix(args.chips.split(","), args.families.split(","), args.only.split(","))
-  rows: list[tuple[Item, dict | None]] = [(item, None) for item in items]
-  for i, item in enumerate(items):
-    rows[i] = (item, run_isolated(item, args.timeout))
-    print(table([rows[i]]).splitlines()[-1], flush=True)
-    if args.out:
-      with open(args.out, "w") as f:
-        f.write(table(rows))
-  print(table(rows))
+  print(fill_table(items, lambda item: run_isolated(item, args.timeout), table, args.out))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from lineax_lm import sharding
 from lineax_lm.train.trainer import Trainer, validate_config
-from pallas_kernels.tpu_aot import Chip, topology_devices
+from pallas_kernels.tpu_aot import Chip, fill_table, topology_devices
 
 GIB = 2 ** 30
 
@@ -266,14 +266,8 @@ def table_main(argv=None):
   ap.add_argument("--out", help="markdown file, rewritten after every row")
   ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
   args = ap.parse_args(argv)
-  rows = [(row, None) for row in table_rows()]
-  for i, (row, _) in enumerate(rows):
-    rows[i] = (row, run_row(*row, timeout=args.timeout))
-    print(table_markdown([rows[i]]).splitlines()[-1], flush=True)
-    if args.out:
-      with open(args.out, "w") as f:
-        f.write(table_markdown(rows))
-  print(table_markdown(rows))
+  print(fill_table(table_rows(), lambda row: run_row(*row, timeout=args.timeout), table_markdown,
+                   args.out))
 
 
 if __name__ == "__main__":
