@@ -213,15 +213,13 @@ TABLE_TOPOLOGIES = ["v5e-8", "v5p-8", "v6e-8", "v5p-64", "v5p-128"]
 # bf16 compute on float32 parameters, FSDP over every chip, each layer's activations recomputed in
 # the backward: the setting that fits the most; the layers as a scan, which compiles the repeating
 # block once instead of 24 times (a shorter compile, the same step).
-TABLE_SETTINGS = ["--config.train.tokens=10_000_000_000", "--config.model.scan_layers=True",
-                  "--config.model.dtype=bfloat16", "--config.model.remat=full", "--config.mesh.data=1",
-                  "--config.mesh.fsdp=-1", "--config.data.seq_len=4096",
-                  "--config.data.global_batch_size=128"]
+COMMON_SETTINGS = ["--config.train.tokens=10_000_000_000", "--config.model.scan_layers=True",
+                   "--config.model.dtype=bfloat16", "--config.model.remat=full", "--config.mesh.data=1"]
+TABLE_SETTINGS = COMMON_SETTINGS + ["--config.mesh.fsdp=-1", "--config.data.seq_len=4096",
+                                    "--config.data.global_batch_size=128"]
 LONG_CONTEXT = ("gated_deltanet_hybrid_1.3b", "v5p-128",
-                ["--config.train.tokens=10_000_000_000", "--config.model.scan_layers=True",
-                 "--config.model.dtype=bfloat16",
-                 "--config.model.remat=full", "--config.mesh.data=1", "--config.mesh.fsdp=8", "--config.mesh.context=8", "--config.data.seq_len=131072",
-                 "--config.data.global_batch_size=8"])
+                COMMON_SETTINGS + ["--config.mesh.fsdp=8", "--config.mesh.context=8",
+                                   "--config.data.seq_len=131072", "--config.data.global_batch_size=8"])
 
 
 def table_rows():
@@ -240,17 +238,20 @@ def run_row(preset: str, topology: str, overrides: list[str], timeout: float) ->
   out = done.stdout + done.stderr
   if done.returncode == 1:  # does not fit: the per-chip need is in the message
     need = re.search(r"needs ([\d.]+) GiB per chip", out)
-    return {"fits": "no", "gib": need.group(1) if need else "?", "compile_s": time.perf_counter() - start}
+    return {"fits": "no", "gib": need.group(1) if need else "?",
+            "compile_s": time.perf_counter() - start}
   if done.returncode:
     error = re.search(r"^(error:.*|\w*Error\b.*)", out, re.MULTILINE | re.DOTALL)
     return {"error": " ".join((error.group(1) if error else f"exit {done.returncode}").split())[:200]}
   get = lambda pattern: re.search(pattern, out).group(1)
-  return {"fits": "yes", "gib": get(r"HBM per chip ([\d.]+) GiB"), "compile_s": float(get(r"compile ([\d.]+) s")),
+  return {"fits": "yes", "gib": get(r"HBM per chip ([\d.]+) GiB"),
+          "compile_s": float(get(r"compile ([\d.]+) s")),
           "tokens_s": get(r"<= ([\d,]+) tokens/s per chip"), "mfu": get(r"MFU <= ([\d.]+%)")}
 
 
 def table_markdown(rows: list[tuple[tuple, dict | None]]) -> str:
-  out = ["| preset | slice | T | fits | GiB / chip | compile s | tokens/s / chip (roofline) | MFU (roofline) |",
+  out = ["| preset | slice | T | fits | GiB / chip | compile s | tokens/s / chip (roofline) "
+         "| MFU (roofline) |",
          "|---|---|---:|---|---:|---:|---:|---:|"]
   for (preset, topology, overrides), r in rows:
     T = next(o.split("=")[1] for o in overrides if o.startswith("--config.data.seq_len="))

@@ -12,6 +12,7 @@ has; re-read blocks are not counted).
 from __future__ import annotations
 
 import math
+
 import jax
 from jax.experimental import pallas as pl
 from jax.extend import core as jax_core
@@ -35,9 +36,11 @@ def _sub_jaxprs(eqn, loop_trips):
   if name == "scan":
     return [(params["jaxpr"].jaxpr, params["length"])]
   if name == "while":
-    return [(params["body_jaxpr"].jaxpr, _while_trips(eqn, loop_trips)), (params["cond_jaxpr"].jaxpr, 1)]
+    return [(params["body_jaxpr"].jaxpr, _while_trips(eqn, loop_trips)),
+            (params["cond_jaxpr"].jaxpr, 1)]
   if name == "cond":  # the costliest branch (pl.when: the branch or nothing)
-    return [max(((b.jaxpr, 1) for b in params["branches"]), key=lambda j: _count(j[0], loop_trips)[0])]
+    costliest = max(params["branches"], key=lambda b: _count(b.jaxpr, loop_trips)[0])
+    return [(costliest.jaxpr, 1)]
   subs = []
   for value in params.values():
     inner = getattr(value, "jaxpr", value)
