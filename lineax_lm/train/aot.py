@@ -269,9 +269,15 @@ def table_main(argv=None):
   ap = argparse.ArgumentParser(description=table_main.__doc__)
   ap.add_argument("--out", help="markdown file, rewritten after every row")
   ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
+  ap.add_argument("--presets", default=",".join(TABLE_PRESETS + [LONG_CONTEXT[0]]),
+                  help="comma-separated subset of the rows' presets")
+  ap.add_argument("--topologies", default=",".join(TABLE_TOPOLOGIES), help="comma-separated subset")
   args = ap.parse_args(argv)
-  print(fill_table(table_rows(), lambda row: run_row(*row, timeout=args.timeout), table_markdown,
-                   args.out))
+  presets, topologies = args.presets.split(","), args.topologies.split(",")
+  rows = [r for r in table_rows() if r[0] in presets and r[1] in topologies]
+  if not rows:
+    sys.exit(f"error: no row has --presets {args.presets} and --topologies {args.topologies}")
+  print(fill_table(rows, lambda row: run_row(*row, timeout=args.timeout), table_markdown, args.out))
 
 
 if __name__ == "__main__":
