@@ -68,9 +68,17 @@ class Report:
     return math.prod(self.mesh.values())
 
   @property
+  def model_flops(self) -> float:
+    """6 N FLOPs a token, per chip: the floor of the step's work. XLA's count can fall below it,
+    since it counts a loop's body once (layers as a scan, gradient accumulation)."""
+    return 6 * self.num_params * self.tokens_per_step / self.chips
+
+  @property
   def step_s(self) -> float:
-    """Roofline: the step takes at least its FLOPs at peak and its HBM traffic at full bandwidth."""
-    return max(self.flops / self.chip.peak_flops, self.bytes_accessed / self.chip.hbm_bandwidth)
+    """Roofline: the step takes at least its FLOPs (XLA's count, or 6 N a token when that is more)
+    at peak, and its HBM traffic at full bandwidth."""
+    return max(max(self.flops, self.model_flops) / self.chip.peak_flops,
+               self.bytes_accessed / self.chip.hbm_bandwidth)
 
   @property
   def tokens_per_s_per_chip(self) -> float:
@@ -78,8 +86,8 @@ class Report:
 
   @property
   def mfu(self) -> float:
-    """6 N FLOPs a token (the trainer's MFU) at the roofline step time."""
-    return 6 * self.num_params * self.tokens_per_step / (self.step_s * self.chips * self.chip.peak_flops)
+    """6 N FLOPs a token (the trainer's MFU) at the roofline step time: at most 1."""
+    return self.model_flops / (self.step_s * self.chip.peak_flops)
 
   def lines(self) -> list[str]:
     g = lambda b: f"{b / GIB:.2f} GiB"
@@ -90,7 +98,8 @@ class Report:
         f"HBM per chip {g(self.hbm_bytes)} of {g(self.chip.hbm_bytes)} "
         f"({'fits' if self.fits else 'DOES NOT FIT'}): state {g(self.state_bytes)}, "
         f"batch {g(self.batch_bytes)}, temporaries {g(self.temp_bytes)}",
-        f"per chip per step: {self.flops:.3e} FLOPs, {self.bytes_accessed:.3e} HBM bytes",
+        f"per chip per step: {self.flops:.3e} FLOPs (XLA; 6 N a token: {self.model_flops:.3e}), "
+        f"{self.bytes_accessed:.3e} HBM bytes (XLA counts a loop's body once)",
         f"roofline (peaks {self.chip.peak_flops / 1e12:.0f} TFLOP/s bf16, "
         f"{self.chip.hbm_bandwidth / 1e9:.0f} GB/s): step >= {self.step_s * 1e3:.1f} ms, "
         f"<= {self.tokens_per_s_per_chip:,.0f} tokens/s per chip, MFU <= {self.mfu:.1%}",
