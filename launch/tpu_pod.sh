@@ -7,7 +7,7 @@
 #
 #   TPU_NAME=my-v5p-64 ZONE=us-east5-a REPO=https://github.com/you/lineax_lm.git \
 #   CONFIG=configs/quickstart.py:gdn WORKDIR=gs://bucket/runs/x \
-#     bash launch/tpu_pod.sh [--dry-run] [--logs | --stop] [--config.key=value ...]
+#     bash launch/tpu_pod.sh [--dry-run] [--skip-aot-check] [--logs | --stop] [--config.key=value ...]
 #
 # Environment: TPU_NAME, ZONE, CONFIG, WORKDIR (gs://...: every host writes its part of the
 # checkpoints there), REPO (a git URL the TPU hosts can clone; default: this checkout's origin when
@@ -16,17 +16,23 @@
 # missing slice is an error), SPOT=1 (a spot slice), LOG (on each host; default ~/lineax_train.log).
 # --logs: the last lines of worker 0's log; --stop: end the run on every host (it saves first);
 # --dry-run: print the gcloud commands and the script each host runs.
+# Before it creates or uses the slice, the train step is compiled here for the slice's topology
+# (python -m lineax_lm.train --aot=ACCELERATOR, which needs libtpu: pip install -e '.[tpu_aot]'); a
+# config that does not fit its chips stops the launch with the bytes and the settings that would.
+# AOT_TOPOLOGY names the topology when ACCELERATOR is not set (default: the slice's own type);
+# --skip-aot-check launches without the check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DRY_RUN=0 ACTION=train
+DRY_RUN=0 ACTION=train AOT_CHECK=1
 TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
+    --skip-aot-check) AOT_CHECK=0 ;;
     --logs) ACTION=logs ;;
     --stop) ACTION=stop ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) TRAIN_ARGS+=("$1") ;;
   esac
   shift
@@ -74,6 +80,18 @@ if [ -z "${REPO:-}" ]; then
     https://*|http://*|git@*|ssh://*) ;;
     *) die "set REPO to a git URL the TPU hosts can clone (this checkout's origin is '${REPO:-none}')" ;;
   esac
+fi
+
+# The step compiled for the slice's chips before any of them is rented or used.
+if [ "$AOT_CHECK" = 1 ]; then
+  TOPOLOGY=${AOT_TOPOLOGY:-${ACCELERATOR:-}}
+  if [ -z "$TOPOLOGY" ] && [ "$DRY_RUN" = 0 ]; then
+    TOPOLOGY=$("${GCLOUD[@]}" describe "$TPU_NAME" "${SCOPE[@]}" --format='value(acceleratorType)' \
+               2>/dev/null || true)
+  fi
+  [ -n "$TOPOLOGY" ] || die "no topology for the compile check: set ACCELERATOR or AOT_TOPOLOGY (e.g. v5p-64), or pass --skip-aot-check"
+  run "${PYTHON:-python3}" -m lineax_lm.train --config "$CONFIG" --aot="$TOPOLOGY" "${TRAIN_ARGS[@]}" \
+    || die "the train step does not compile or fit on $TOPOLOGY (above); change the config, or pass --skip-aot-check"
 fi
 
 # Create the slice, or reuse the one that exists.

@@ -43,15 +43,16 @@ RULES = {
 }
 
 
-def make_mesh(cfg) -> jax.sharding.Mesh:
+def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
   """cfg: the `mesh` section with sizes for data, fsdp, context, tensor; one of them may be -1 (the
-  rest). A section without `context` (configs written before it existed) means context 1."""
+  rest). A section without `context` (configs written before it existed) means context 1. devices:
+  default all of jax's (a TPU slice's for an ahead-of-time compile, lineax_lm.train.aot)."""
   sizes = [int(cfg[a]) if a != CONTEXT_AXIS or a in cfg else 1 for a in MESH_AXES]
   for axis, size in zip(MESH_AXES, sizes):
     if size < 1 and size != -1:
       raise ValueError(f"config.mesh.{axis}={size}: must be an integer >= 1, or -1 (all remaining "
                        "devices)")
-  n = jax.device_count()
+  n = jax.device_count() if devices is None else len(devices)
   if sizes.count(-1) > 1:
     raise ValueError(f"mesh: at most one of {MESH_AXES} may be -1; got {dict(zip(MESH_AXES, sizes))}")
   if -1 in sizes:
@@ -63,7 +64,8 @@ def make_mesh(cfg) -> jax.sharding.Mesh:
     raise ValueError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices; "
                      f"there are {n}")
   # Auto axes: XLA propagates shardings from the parameters and the batch (no explicit-sharding types).
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
 
 
 def logical_to_spec(names, shape, mesh) -> P:

@@ -24,7 +24,12 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py, or the name of one "
                                 "shipped in lineax_lm/configs: quickstart.py:gdn).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, TensorBoard events and metrics.jsonl go.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_string("aot", None, "A TPU topology (v5p:4x4x4, v5e-8): compile the step for that slice "
+                    "with libtpu, print its HBM per chip, FLOPs and a roofline estimate, and exit "
+                    "(lineax_lm.train.aot); nothing runs and no --workdir is needed.")
+flags.mark_flags_as_required(["config"])
+flags.register_validator("workdir", lambda w: w is not None or FLAGS["aot"].value is not None,
+                         "--workdir is required (or --aot=TOPOLOGY to only compile the step)")
 
 
 def config_keys(config, prefix="") -> list[str]:
@@ -121,6 +126,9 @@ def main(argv):
   if len(argv) > 1:  # absl passes on what is not a flag: an unquoted path with a space, say
     sys.exit(f"error: unexpected argument(s) {argv[1:]}: every argument is a --flag (quote a value "
              "that holds spaces, e.g. --workdir='runs/my run')")
+  if FLAGS.aot:
+    from lineax_lm.train import aot
+    sys.exit(aot.main(FLAGS.config, FLAGS.aot))
   # Multi-host: join the cluster the environment describes (TPU slice, SLURM, or the JAX_*
   # variables) before anything touches a device; INFO logs from process 0 only.
   try:

@@ -388,7 +388,7 @@ def _recurrent_forward(q, k, v, g, u, h0, cu_seqlens, *, scale, interpret, bv=32
                            bonus=u is not None)
   return call(kern, (N * H, V // BV), in_specs, [tok(BV, True), state],
               [sds(v.shape, q.dtype), sds(h0.shape, F32)], interpret=interpret, warps=warps,
-              stages=1)(*args)
+              stages=1, loop_trips=B * T // N)(*args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))

@@ -30,17 +30,22 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_tn, precision
 from pallas_kernels.common.gpu.layout import Specs, compiler_params
 
 CHUNK = 64
 
 
-def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None):
-  """pallas_call with the Triton compiler parameters of this package."""
-  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                        out_shape=out_shape, input_output_aliases=aliases or {},
-                        compiler_params=compiler_params(warps, stages), interpret=interpret)
+def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None,
+         loop_trips=None):
+  """pallas_call with the Triton compiler parameters of this package (and its cost estimate;
+  `loop_trips`: see `kernel_cost`)."""
+  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
+                           out_specs=out_specs, out_shape=out_shape,
+                           input_output_aliases=aliases or {},
+                           compiler_params=compiler_params(warps, stages), interpret=interpret)
+  return lambda *args: call(cost_estimate=kernel_cost(call(), *args, loop_trips=loop_trips))(*args)
 
 
 def sds(shape, dtype):

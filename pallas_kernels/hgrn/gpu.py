@@ -40,6 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.kernel_math import F32
 from pallas_kernels.common.gpu.layout import compiler_params, next_pow2, pad_axis
 
@@ -77,9 +78,11 @@ def unsupported(x, g, *_, **__) -> str | None:
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, st: _Static, warps, aliases=None):
-  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                        out_shape=out_shape, input_output_aliases=aliases or {},
-                        compiler_params=compiler_params(warps, 1), interpret=st.interpret)
+  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
+                           out_specs=out_specs, out_shape=out_shape,
+                           input_output_aliases=aliases or {},
+                           compiler_params=compiler_params(warps, 1), interpret=st.interpret)
+  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
 
 
 def _sds(shape, dtype):

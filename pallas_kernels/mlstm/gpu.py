@@ -50,6 +50,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import suffix_sum
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.fused_recurrent import decode_specs
 from pallas_kernels.common.gpu.kernel_math import F32
@@ -300,12 +301,15 @@ def _decode(q, k, v, lf, ig, C0, n0, m0, cu_seqlens, *, scale, interpret, cfg):
     in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
     args.insert(0, cu_seqlens.astype(jnp.int32))
   kernel = functools.partial(_decode_kernel, scale=scale, is_varlen=is_varlen, H=H)
-  o, C, n, m = pl.pallas_call(
-      kernel, grid=(N * H, NV), in_specs=in_specs,
+  call = functools.partial(
+      pl.pallas_call, kernel, grid=(N * H, NV), in_specs=in_specs,
       out_specs=[tok(bv, True), state, vec(K, True), vec(MW, True)],
       out_shape=[sds(v.shape, q.dtype), sds(C0.shape, F32), sds((NV, N, H, K), F32),
                  sds((NV, N, H, MW), F32)],
-      compiler_params=compiler_params(cfg.warps_decode, 1), interpret=interpret)(*args)
+      compiler_params=compiler_params(cfg.warps_decode, 1), interpret=interpret)
+  # each program walks one sequence: B * T // N tokens on average
+  cost = kernel_cost(call(), *args, loop_trips=B * T // N)
+  o, C, n, m = call(cost_estimate=cost)(*args)
   return o, (C, n[0], m[0, ..., 0])
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
 from pallas_kernels.common.gpu.layout import compiler_params, sds
@@ -184,9 +185,10 @@ class _Specs:
 
 
 def _launch(kernel, grid, in_specs, out_specs, out_shape, st, warps, stages):
-  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                        out_shape=out_shape, compiler_params=compiler_params(warps, stages),
-                        interpret=st.interpret)
+  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
+                           out_specs=out_specs, out_shape=out_shape,
+                           compiler_params=compiler_params(warps, stages), interpret=st.interpret)
+  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
 
 
 def forward_pass(st: Static, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save: bool):

@@ -76,6 +76,10 @@ def test_tpu_pod_dry_run():
   assert ("nohup .venv/bin/python -m lineax_lm.train --config configs/quickstart.py:gdn --workdir "
           "gs://b/runs/x --config.train.steps=10 >> $HOME/lineax_train.log 2>&1 &") in text
   assert "a run is still going" in text                             # rerun: a live run is kept
+  # the step compiled for the slice's chips first (lineax_lm.train.aot)
+  check = (f"+ {sys.executable} -m lineax_lm.train --config configs/quickstart.py:gdn --aot=v5p-16 "
+           "--config.train.steps=10")
+  assert text.index(check) < text.index("tpu-vm create")
 
 
 def test_tpu_pod_logs_stop_and_errors():
@@ -86,6 +90,23 @@ def test_tpu_pod_logs_stop_and_errors():
   assert local.returncode == 2 and "must be a gs:// path" in local.stderr
   no_repo = run("tpu_pod.sh", "--dry-run", CONFIG="c.py", WORKDIR="gs://b/x", **env)
   assert no_repo.returncode == 2 and "set REPO" in no_repo.stderr
+
+
+def test_tpu_pod_without_a_topology_asks_for_one_or_the_skip_flag():
+  env = dict(TPU_NAME="t", ZONE="z", CONFIG="c.py", WORKDIR="gs://b/x", REPO="https://e/r")
+  out = run("tpu_pod.sh", "--dry-run", **env)
+  assert out.returncode == 2 and "set ACCELERATOR or AOT_TOPOLOGY" in out.stderr
+  skipped = run("tpu_pod.sh", "--dry-run", "--skip-aot-check", **env)
+  assert skipped.returncode == 0 and "--aot" not in skipped.stdout
+
+
+@pytest.mark.tpu_aot
+def test_tpu_pod_refuses_a_config_whose_step_does_not_compile_for_the_slice():
+  out = run("tpu_pod.sh", "--config.mesh.tensor=3", TPU_NAME="t", ZONE="z", REPO="https://e/r",
+            CONFIG="configs/quickstart.py:gdn", WORKDIR="gs://b/x", ACCELERATOR="v5e-4",
+            PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+  assert out.returncode == 2
+  assert "'tensor': 3" in out.stderr and "does not compile or fit on v5e-4" in out.stderr
 
 
 def test_h200_env_installs_only_what_is_missing(tmp_path):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.kernel_math import F32, decay_state
 from pallas_kernels.common.gpu.layout import compiler_params, head_major, next_pow2, pad_axis
 
@@ -77,10 +78,13 @@ def _forward(q, k, v, g, beta, h0, cu_seqlens, *, scale, delta, interpret):
     in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
     args.insert(0, cu_seqlens.astype(jnp.int32))
   kernel = functools.partial(_kernel, scale=scale, delta=delta, is_varlen=is_varlen, H=H)
-  return pl.pallas_call(
-      kernel, grid=(N * H, V // bv), in_specs=in_specs, out_specs=[tok(bv, True), state],
+  call = functools.partial(
+      pl.pallas_call, kernel, grid=(N * H, V // bv), in_specs=in_specs,
+      out_specs=[tok(bv, True), state],
       out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype), jax.ShapeDtypeStruct(h0.shape, F32)],
-      compiler_params=compiler_params(WARPS, 1), interpret=interpret)(*args)
+      compiler_params=compiler_params(WARPS, 1), interpret=interpret)
+  # each program walks one sequence: B * T // N tokens on average
+  return call(cost_estimate=kernel_cost(call(), *args, loop_trips=B * T // N))(*args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))

@@ -17,12 +17,15 @@ bodies that every family's chunked path shares.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.common import varlen
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.kernel_math import F32
 
@@ -134,9 +137,11 @@ def sds(shape, dtype):
 def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stages, aliases=None):
   """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its
   inputs."""
-  return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                        out_shape=out_shape, input_output_aliases=aliases or {},
-                        compiler_params=compiler_params(warps, stages), interpret=st.interpret)
+  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
+                           out_specs=out_specs, out_shape=out_shape,
+                           input_output_aliases=aliases or {},
+                           compiler_params=compiler_params(warps, stages), interpret=st.interpret)
+  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
 
 
 # --- the input prologue of the chunked ops --------------------------------------------------------

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.tpu.layout import END, F32, START, Plan
 
 SEMANTICS = ("parallel", "parallel", "arbitrary")
@@ -83,10 +84,11 @@ def call(kernel, grid, seq, flags, in_specs, out_specs, out_shape, scratch_shape
   """pallas_call over `grid` = (B, H, N) with (seq, flags) as scalar prefetch."""
   grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
                                            out_specs=out_specs, scratch_shapes=scratch_shapes)
-  fn = pl.pallas_call(kernel, out_shape=out_shape, grid_spec=grid_spec,
-                      compiler_params=compiler_params(), interpret=interpret_params(interpret),
-                      name=name)
-  return lambda *args: fn(seq, flags, *args)
+
+  call = functools.partial(pl.pallas_call, kernel, out_shape=out_shape, grid_spec=grid_spec,
+                           compiler_params=compiler_params(), interpret=interpret_params(interpret),
+                           name=name)
+  return lambda *args: call(cost_estimate=kernel_cost(call(), seq, flags, *args))(seq, flags, *args)
 
 
 def passthrough_empty(final, h0, empty):
