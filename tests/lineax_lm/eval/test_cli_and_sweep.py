@@ -55,7 +55,7 @@ def test_sweep_then_eval_cli(tmp_path, capsys):
   assert [(r["seq_len"], r["num_kv_pairs"]) for r in rows] == [(32, 4), (64, 4)]
   for name in ("mqar.md", "mqar.png", "efficiency.md", "efficiency.csv", "pareto.png"):
     assert os.path.getsize(os.path.join(point, "eval", name)) > 0
-  with pytest.raises(ValueError, match="ppl measures text, and .* trained on MQAR token ids"):
+  with pytest.raises(SystemExit, match="^error: `--tasks` ppl measures text, and .* MQAR token ids"):
     eval_main(["--workdir", point, "--tasks", "ppl"])
 
 
