@@ -8,6 +8,7 @@ main(argv) can be called twice in one process (tests, notebooks) and two command
 """
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Callable, Sequence
 
@@ -39,9 +40,10 @@ def parse(define: Callable[[flags.FlagValues, list[str]], None], argv: Sequence[
 
 
 def quiet_library_logs() -> None:
-  """Orbax logs every save and restore at INFO through absl: warnings and errors only."""
-  from absl import logging as absl_logging
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  """Orbax logs every save and restore at INFO through absl's logger: warnings and errors only
+  (the "absl" logger alone: under absl.app, absl's verbosity would set the root logger's level
+  and hide lineax_lm's own INFO lines with them)."""
+  logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 def fail(error: Exception) -> None:
