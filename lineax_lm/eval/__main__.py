@@ -230,9 +230,10 @@ def _quality(out: str):
 
 def main(argv=None):
   args = parse_args(argv)
+  from lineax_lm.train.checkpoint import CheckpointError
   try:
     sections = run(args)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, CheckpointError) as e:  # bad input: one line, no traceback
     cli.fail(e)
   for md in sections.values():
     print(f"\n{md.strip()}\n")
