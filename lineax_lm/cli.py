@@ -34,7 +34,7 @@ def parse(define: Callable[[flags.FlagValues, list[str]], None], argv: Sequence[
     sys.exit(f"error: {' or '.join(overrides)}: the config has no field {str(e).strip(chr(34))}")
   if len(rest) > 1:  # absl passes on what is not a flag: an unquoted value with a space, say
     sys.exit(f"error: unexpected argument(s) {rest[1:]}: every argument is a --flag (quote a value "
-             "that holds spaces or commas)")
+             "that holds spaces or a glob the shell would expand: --paths='data/*.txt')")
   quiet_library_logs()
   return flag_values
 
@@ -46,6 +46,6 @@ def quiet_library_logs() -> None:
   logging.getLogger("absl").setLevel(logging.WARNING)
 
 
-def fail(error: Exception) -> None:
+def fail(error: Exception | str) -> None:
   """Exits with `error` as one line (a bad value found after parsing, e.g. a task name)."""
   sys.exit(f"error: {error}")
