@@ -25,6 +25,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   sys.argv = ["lm_eval", *(saved[1:] if argv is None else argv)]  # lm-eval's CLI reads sys.argv
   try:
     cli_evaluate()
+  except (ValueError, FileNotFoundError) as e:  # a bad model_args path, an unknown task: one line
+    sys.exit(f"error: {e}")
   finally:
     sys.argv = saved
 

@@ -58,6 +58,9 @@ def test_lm_eval_cli_runs_a_local_task_on_a_saved_model(tmp_path, monkeypatch):
                                              for c in item["choices"]])]
     right += max(range(len(lls)), key=lls.__getitem__) == item["gold"]
   assert acc == pytest.approx(right / len(ITEMS))
+  with pytest.raises(SystemExit, match=f"^error: {tmp_path}/none holds neither config.json"):
+    lm_eval.main(["--model", "lineax", "--model_args", f"path={tmp_path}/none", "--tasks", "tiny_choice",
+                  "--include_path", str(tmp_path / "tasks")])
 
 
 def test_path_and_workdir_name_one_model():
