@@ -11,14 +11,15 @@ several minutes; a GPU or TPU is used when present.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import time
 
 import jax
+from absl import flags
 
+from lineax_lm import cli
 from lineax_lm.extras import available
 from lineax_lm.models.hybrid import ModelConfig
 from lineax_lm.train.metrics import curve, read_rows
@@ -75,18 +76,22 @@ def write_report(rows, workdir):
   return table
 
 
+def define_flags(fv: flags.FlagValues, argv) -> None:
+  del argv
+  flags.DEFINE_string("workdir", "runs/demo", "where each variant trains", flag_values=fv)
+  flags.DEFINE_list("variants", list(NAMES), "variants of the quickstart config", flag_values=fv)
+  flags.register_validator("variants", lambda v: bool(v) and set(v) <= set(NAMES),
+                           f"names a variant that is not one of {','.join(NAMES)}", flag_values=fv)
+
+
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--workdir", default="runs/demo")
-  p.add_argument("--variants", default="gdn,linear,hybrid,transformer")
-  a = p.parse_args(argv)
+  a = cli.parse(define_flags, argv, "python -m lineax_lm.demo", __doc__)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  logging.getLogger("absl").setLevel(logging.WARNING)
   quickstart = load_quickstart()
   accelerated = jax.default_backend() != "cpu"
   print(f"lineax_lm quickstart on {jax.devices()[0].device_kind}: MQAR, workdir {a.workdir}")
   rows = []
-  for variant in a.variants.split(","):
+  for variant in a.variants:
     config = quickstart.get_config(variant)
     if accelerated:
       config.model.dtype = "bfloat16"

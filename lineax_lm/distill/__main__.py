@@ -9,12 +9,14 @@ import logging
 
 from absl import app
 
+from lineax_lm import cli
 from lineax_lm.train.__main__ import FLAGS, parse_flags  # the same --config / --workdir flags
 
 
 def main(argv):
   del argv
   logging.getLogger("lineax_lm").setLevel(logging.INFO)
+  cli.quiet_library_logs()
   from lineax_lm.distill.pipeline import distill, format_summary
   summary = distill(FLAGS.config, FLAGS.workdir)
   name = summary["mixer"] + ("" if summary["attn_ratio"] == "pure" else f" ({summary['attn_ratio']})")

@@ -30,7 +30,6 @@ Writes <workdir>/study.json (table, summaries, curves), study.md (the tables) an
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -39,8 +38,11 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
-from lineax_lm import jobs
+from absl import flags
+
+from lineax_lm import cli, jobs
 from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
 from lineax_lm.distill.pipeline import (curve_section, distill, plot_curves, score_recovery, setup,
@@ -127,40 +129,69 @@ def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4
   return c
 
 
-def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--workdir", required=True)
-  p.add_argument("--students", default=",".join(STUDENTS), help="the study's students (the table)")
-  p.add_argument("--only", default="", help="comma-separated subset of --students to run now")
-  p.add_argument("--parallel", type=int, default=1,
-                 help="students distilled at a time, each in its own process (they share the GPU)")
+def define_flags(fv: flags.FlagValues, argv) -> None:
+  del argv
+  flags.DEFINE_string("workdir", None, "the study folder", flag_values=fv)
+  flags.DEFINE_string("students", ",".join(STUDENTS), "the study's students (the table)",
+                      flag_values=fv)
+  flags.DEFINE_string("only", "", "comma-separated subset of --students to run now", flag_values=fv)
+  flags.DEFINE_integer("parallel", 1, "students distilled at a time, each in its own process "
+                       "(they share the GPU)", lower_bound=1, flag_values=fv)
   # Set by --parallel for its processes: how many students shared the device, so the table can say
   # that their tokens/s were measured on a shared GPU.
-  p.add_argument("--sharing", type=int, default=1, help=argparse.SUPPRESS)
-  p.add_argument("--prepare", action="store_true",
-                 help="only sample the teacher data and score the teacher (what students share)")
-  p.add_argument("--tables", action="store_true",
-                 help="only write the tables of the students finished so far")
-  p.add_argument("--tokens", type=float, default=DEFAULT_TOKENS,
-                 help="training tokens per student over the three stages (3e9: the study's budget)")
-  p.add_argument("--teacher", default="", help="GGUF file or HF directory ('' = the shipped SmolLM2)")
-  p.add_argument("--shares", default=",".join(str(v) for v in STAGE_SHARE.values()),
-                 help="the budget's split over the layer,block,e2e stages (0 skips a stage)")
-  p.add_argument("--batch", type=int, default=4, help="rows per step")
-  p.add_argument("--seq_len", type=int, default=2048, help="tokens per row = training document length")
-  p.add_argument("--docs", type=int, default=4096, help="teacher samples drawn (then joined)")
-  p.add_argument("--data", default="", help="train on these text/jsonl files instead of teacher samples")
-  p.add_argument("--curve_points", type=int, default=3, help="scored e2e checkpoints (0: no curve)")
-  p.add_argument("--needle_examples", type=int, default=16)
-  p.add_argument("--recall_examples", type=int, default=64)
-  p.add_argument("--lm_eval_tasks", default="", help=f"lm-eval tasks ('study' = {STUDY_LM_EVAL})")
-  p.add_argument("--lm_eval_limit", type=int, default=None, help="examples per lm-eval task")
-  p.add_argument("--lm_eval_include_path", default="", help="folder of local lm-eval task YAMLs")
-  p.add_argument("--keep_checkpoints", action="store_true",
-                 help="keep every stage's checkpoints of finished students (default: the final one)")
-  p.add_argument("--hybrid", action="store_true", help="3:1 hybrid students")
-  p.add_argument("--runlocal", action="store_true", help="tiny random teacher, seconds on CPU")
-  return p.parse_args(argv)
+  flags.DEFINE_integer("sharing", 1, "(set by --parallel for its processes)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_bool("prepare", False, "only sample the teacher data and score the teacher (what "
+                    "students share)", flag_values=fv)
+  flags.DEFINE_bool("tables", False, "only write the tables of the students finished so far",
+                    flag_values=fv)
+  flags.DEFINE_float("tokens", DEFAULT_TOKENS, "training tokens per student over the three stages "
+                     "(3e9: the study's budget)", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("teacher", "", "GGUF file or HF directory ('' = the shipped SmolLM2)",
+                      flag_values=fv)
+  flags.DEFINE_string("shares", ",".join(str(v) for v in STAGE_SHARE.values()),
+                      "the budget's split over the layer,block,e2e stages (0 skips a stage)",
+                      flag_values=fv)
+  flags.DEFINE_integer("batch", 4, "rows per step", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("seq_len", 2048, "tokens per row = training document length", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer("docs", 4096, "teacher samples drawn (then joined)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_string("data", "", "train on these text/jsonl files instead of teacher samples",
+                      flag_values=fv)
+  flags.DEFINE_integer("curve_points", 3, "scored e2e checkpoints (0: no curve)", lower_bound=0,
+                       flag_values=fv)
+  flags.DEFINE_integer("needle_examples", 16, "needle examples per length", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer("recall_examples", 64, "MQAR examples", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("lm_eval_tasks", "", f"lm-eval tasks ('study' = {STUDY_LM_EVAL})",
+                      flag_values=fv)
+  flags.DEFINE_integer("lm_eval_limit", None, "examples per lm-eval task", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_string("lm_eval_include_path", "", "folder of local lm-eval task YAMLs",
+                      flag_values=fv)
+  flags.DEFINE_bool("keep_checkpoints", False, "keep every stage's checkpoints of finished "
+                    "students (default: the final one)", flag_values=fv)
+  flags.DEFINE_bool("hybrid", False, "3:1 hybrid students", flag_values=fv)
+  flags.DEFINE_bool("runlocal", False, "tiny random teacher, seconds on CPU", flag_values=fv)
+  flags.mark_flag_as_required("workdir", flag_values=fv)
+
+  def students_known(values):
+    students = [n.strip() for n in values["students"].split(",") if n.strip()]
+    only = [n.strip() for n in values["only"].split(",") if n.strip()]
+    unknown = [n for n in students if n not in STUDENTS] + [n for n in only if n not in students]
+    if unknown:
+      raise flags.ValidationError(f"{unknown} are not study students; choose from "
+                                  f"{students if set(students) <= set(STUDENTS) else list(STUDENTS)}")
+    return True
+  flags.register_multi_flags_validator(["students", "only"], students_known, flag_values=fv)
+
+
+def parse_args(argv=None):
+  """The parsed command line (absl flags, lineax_lm.cli); bad input exits with one line naming
+  the flag."""
+  fv = cli.parse(define_flags, argv, "python -m lineax_lm.distill.study", __doc__)
+  return types.SimpleNamespace(**fv.flag_values_dict())
 
 
 def names(text: str, allowed) -> list[str]:
@@ -240,11 +271,8 @@ def main(argv=None) -> dict:
   args = parse_args(argv)
   logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
   logging.getLogger("lineax_lm").setLevel(logging.INFO)
-  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
   students = names(args.students, STUDENTS)
   run_now = [] if args.tables else names(args.only, students) if args.only else students
-  if args.parallel < 1:
-    raise ValueError(f"--parallel: must be >= 1; got {args.parallel}")
   if args.prepare:
     return prepare(args, (run_now or students)[0])
   summaries, seconds = {}, {}

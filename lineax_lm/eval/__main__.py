@@ -16,41 +16,49 @@ cheaper on CPU).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+import types
 
+from absl import flags
+
+from lineax_lm import cli
 from lineax_lm.eval import report
 
 RECALL = ("needle", "ruler")
 
 
-def _integer(low: int):
-  """An argparse type: an integer >= low (a length or count below 1 would give an empty table)."""
-  def parse(text: str) -> int:
-    try:
-      value = int(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < low:
-      raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
-    return value
-  return parse
-
-
 def _positive_ints(text: str) -> list[int]:
-  """An argparse type: comma-separated integers >= 1, at least one."""
-  values = [_integer(1)(x.strip()) for x in text.split(",") if x.strip()]
+  """Comma-separated integers >= 1, at least one; a ValueError saying which is not."""
+  values = []
+  for item in (x.strip() for x in text.split(",")):
+    if not item:
+      continue
+    try:
+      values.append(int(item))
+    except ValueError:
+      raise ValueError(f"{item!r} is not an integer") from None
+    if values[-1] < 1:
+      raise ValueError(f"{values[-1]} must be >= 1")
   if not values:
-    raise argparse.ArgumentTypeError(f"{text!r} holds no integer (give e.g. 512,1024)")
+    raise ValueError(f"{text!r} holds no integer (give e.g. 512,1024)")
   return values
 
 
-def _task_names(text: str) -> str:
-  """An argparse type: comma-separated task names, at least one."""
-  if not any(t.strip() for t in text.split(",")):
-    raise argparse.ArgumentTypeError(f"{text!r} names no task (give e.g. ppl,needle)")
-  return text
+class _PositiveIntsParser(flags.ArgumentParser):
+  """absl parser of a comma-separated list of integers >= 1."""
+  syntactic_help = "comma-separated integers >= 1"
+
+  def parse(self, argument):
+    return argument if isinstance(argument, list) else _positive_ints(argument)
+
+  def flag_type(self):
+    return "list of int"
+
+
+def _define_positive_ints(name: str, default: str | None, help: str, flag_values):
+  flags.DEFINE(_PositiveIntsParser(), name, default, help, flag_values,
+               serializer=flags.ListSerializer(","))
 
 
 def check_scoring_memory(model, lengths: list[int], batch_size: int, flag: str):
@@ -72,36 +80,46 @@ def check_scoring_memory(model, lengths: list[int], batch_size: int, flag: str):
                        f"{tokens.shape[0]} x {tokens.shape[1]} tokens)")
 
 
+def define_flags(fv: flags.FlagValues, argv) -> None:
+  del argv
+  flags.DEFINE_string("workdir", None, "training run directory (with checkpoints/)", flag_values=fv)
+  flags.DEFINE_integer("step", None, "checkpoint step (default: latest)", lower_bound=0,
+                       flag_values=fv)
+  flags.DEFINE_string("tasks", None, "comma-separated tasks (see above)", flag_values=fv)
+  flags.DEFINE_string("out", None, "output folder (default: WORKDIR/eval)", flag_values=fv)
+  _define_positive_ints("lengths", "512,1024,2048,4096,8192", "recall context lengths", fv)
+  flags.DEFINE_integer("num_examples", 20, "examples per recall task and length", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_enum("mode", "generate", ["generate", "teacher_forced"], "recall scoring",
+                    flag_values=fv)
+  flags.DEFINE_string("corpus", None, "text files (comma-separated / globs) for haystacks",
+                      flag_values=fv)
+  flags.DEFINE_string("tokenizer", None, "'byte' or a tokenizer.json (default: the run's)",
+                      flag_values=fv)
+  _define_positive_ints("mqar_lengths", None, "MQAR lengths (default: the run's seq_len, x2, x4)", fv)
+  _define_positive_ints("mqar_kv_pairs", None, "MQAR kv pairs (default: the run's, /2, x2)", fv)
+  flags.DEFINE_integer("mqar_examples", 256, "MQAR examples per cell", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("ppl_paths", None, "held-out text files for ppl (the run's format)",
+                      flag_values=fv)
+  flags.DEFINE_string("ppl_tfds_split", None, "held-out TFDS split for ppl (e.g. validation)",
+                      flag_values=fv)
+  flags.DEFINE_integer("ppl_documents", 200, "at most this many documents", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer("max_len", None, "ppl window (default: the run's seq_len)", lower_bound=1,
+                       flag_values=fv)
+  _define_positive_ints("efficiency_lengths", "2048,8192,32768", "efficiency context lengths", fv)
+  flags.DEFINE_integer("batch_size", 8, "rows per batch", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "seed of the recall examples", flag_values=fv)
+  flags.mark_flag_as_required("workdir", flag_values=fv)
+  flags.register_validator("tasks", lambda v: v is None or any(t.strip() for t in v.split(",")),
+                           "names no task (give e.g. ppl,needle)", flag_values=fv)
+
+
 def parse_args(argv=None):
-  """The parsed command line; a length, count or size below 1 is an error naming its argument."""
-  p = argparse.ArgumentParser(prog="python -m lineax_lm.eval", description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", required=True, help="training run directory (with checkpoints/)")
-  p.add_argument("--step", type=_integer(0), default=None, help="checkpoint step (default: latest)")
-  p.add_argument("--tasks", type=_task_names, default=None,
-                 help="comma-separated tasks (see the module docstring)")
-  p.add_argument("--out", default=None, help="output folder (default: WORKDIR/eval)")
-  p.add_argument("--lengths", type=_positive_ints, default="512,1024,2048,4096,8192",
-                 help="recall context lengths")
-  p.add_argument("--num_examples", type=_integer(1), default=20,
-                 help="examples per recall task and length")
-  p.add_argument("--mode", default="generate", choices=("generate", "teacher_forced"))
-  p.add_argument("--corpus", default=None, help="text files (comma-separated / globs) for haystacks")
-  p.add_argument("--tokenizer", default=None, help="'byte' or a tokenizer.json (default: the run's)")
-  p.add_argument("--mqar_lengths", type=_positive_ints, default=None,
-                 help="MQAR lengths (default: the run's seq_len, x2, x4)")
-  p.add_argument("--mqar_kv_pairs", type=_positive_ints, default=None,
-                 help="MQAR kv pairs (default: the run's, /2, x2)")
-  p.add_argument("--mqar_examples", type=_integer(1), default=256)
-  p.add_argument("--ppl_paths", default=None, help="held-out text files for ppl (the run's format)")
-  p.add_argument("--ppl_tfds_split", default=None, help="held-out TFDS split for ppl (e.g. validation)")
-  p.add_argument("--ppl_documents", type=_integer(1), default=200,
-                 help="at most this many documents")
-  p.add_argument("--max_len", type=_integer(1), default=None,
-                 help="ppl window (default: the run's seq_len)")
-  p.add_argument("--efficiency_lengths", type=_positive_ints, default="2048,8192,32768")
-  p.add_argument("--batch_size", type=_integer(1), default=8)
-  p.add_argument("--seed", type=int, default=0)
-  return p.parse_args(argv)
+  """The parsed command line (absl flags, lineax_lm.cli); bad input exits with one line naming
+  the flag."""
+  fv = cli.parse(define_flags, argv, "python -m lineax_lm.eval", __doc__)
+  return types.SimpleNamespace(**fv.flag_values_dict())
 
 
 def run(args) -> dict:
@@ -212,7 +230,11 @@ def _quality(out: str):
 
 def main(argv=None):
   args = parse_args(argv)
-  sections = run(args)
+  from lineax_lm.train.checkpoint import CheckpointError
+  try:
+    sections = run(args)
+  except (ValueError, FileNotFoundError, CheckpointError) as e:  # bad input: one line, no traceback
+    cli.fail(e)
   for md in sections.values():
     print(f"\n{md.strip()}\n")
   print(f"tables and plots in {args.out or os.path.join(args.workdir, 'eval')}")

@@ -1,17 +1,16 @@
-"""lm-evaluation-harness adapter: `--model lineax --model_args workdir=DIR --tasks ...` (see Registration).
+"""lm-evaluation-harness adapter: `--model lineax --model_args path=DIR --tasks ...` (see Registration).
 
 Registration: importing this module registers the class with lm-eval's registry
 (`lm_eval.api.registry.register_model("lineax")`, after lm-eval's own models are in it). lm-eval 0.4.x
 does not read the `lm_eval.models` entry point the pyproject also declares, so run lm-eval's command
-line through this module, which imports it first:
-    python -m lineax_lm.eval.lm_eval_adapter run --model lineax --model_args workdir=DIR --tasks lambada_openai
-(`run` is the subcommand of lm-eval 0.4.13's CLI, checked end to end with a local task; releases
-whose CLI has no subcommands take the flags without it), or
+line through lineax_lm.eval.lm_eval, which imports this module first:
+    python -m lineax_lm.eval.lm_eval --model lineax --model_args path=DIR --tasks lambada_openai
+(`python -m lineax_lm.eval.lm_eval_adapter ...` runs the same), or
 from Python: `import lineax_lm.eval.lm_eval_adapter; lm_eval.simple_evaluate(model="lineax", ...)`;
 `evaluate_models({"teacher": t, "student": s}, tokenizer, "arc_easy,piqa")` scores in-memory models
 on the same tasks (lineax_lm.distill's evaluation uses it for teacher and student alike).
 
-model_args: workdir (required), step (default: latest), tokenizer ("byte" or a tokenizer.json;
+model_args: path (required; `workdir` is the same), step (default: latest), tokenizer ("byte" or a tokenizer.json;
 default: the run's data tokenizer), max_length (default: the run's data.seq_len), batch_size,
 max_gen_toks (default 256). `workdir` may also be a `save_pretrained` folder. lm-eval is an optional extra (`pip install lineax-lm[eval]`); without it
 the class still works on any objects carrying `.args` (the tests use that), with `object` as base.
@@ -26,7 +25,6 @@ Requests (lm-eval's `Instance.args`):
 """
 from __future__ import annotations
 
-import runpy
 from collections import defaultdict
 
 from lineax_lm.eval.scoring import Scorer, cut_at_stop, loglikelihood_rolling, score_pairs
@@ -49,12 +47,16 @@ class LineaxLM(_Base):
 
   def __init__(self, workdir: str | None = None, step: int | None = None, tokenizer=None,
                max_length: int | None = None, batch_size: int | str = 8, max_gen_toks: int = 256,
-               model=None, **unused):
+               model=None, path: str | None = None, **unused):
     super().__init__()
     self._rank, self._world_size = getattr(self, "_rank", 0), getattr(self, "_world_size", 1)
+    if path is not None and workdir is not None and path != workdir:
+      raise ValueError(f"LineaxLM: `path`={path!r} and `workdir`={workdir!r} name two models; give one")
+    workdir = workdir if path is None else path
     if model is None:
       if workdir is None:
-        raise ValueError("LineaxLM needs `workdir` (a training run directory) or `model`")
+        raise ValueError("LineaxLM needs `path` (a training run or save_pretrained folder; "
+                         "`workdir` is the same) or `model`")
       from lineax_lm.models.pretrained import load
       loaded = load(workdir, None if step in (None, "", "latest") else int(step))
       model = loaded.model
@@ -210,10 +212,6 @@ def evaluate_models(models: dict, tokenizer, tasks, *, limit: int | None = None,
   return out
 
 
-def main():
-  """lm-eval's own command line, with the "lineax" model registered in this process."""
-  runpy.run_module("lm_eval", run_name="__main__", alter_sys=True)
-
-
 if __name__ == "__main__":
+  from lineax_lm.eval.lm_eval import main
   main()

@@ -22,7 +22,7 @@ The shipped corpus (`corpora/smollm2_samples/` in the repository, the `small` gr
 its README.md) was sampled on a GPU and packed into gzip shards with
 
     python -m lineax_lm.experiments.corpus --out corpora/smollm2_samples --shards 4 \
-        --pack DATA/train.jsonl DATA/heldout.jsonl --max_new_tokens 512 --join_tokens 2048
+        --pack DATA/train.jsonl,DATA/heldout.jsonl --max_new_tokens 512 --join_tokens 2048
 
 (`DATA`: a distillation study's `<workdir>/data`, whose documents are teacher samples joined to
 >= 2,048 teacher tokens; the sampling flags are only recorded in corpus.json). A folder holds
@@ -30,14 +30,15 @@ its README.md) was sampled on a GPU and packed into gzip shards with
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import gzip
 import json
 import os
 
 import numpy as np
+from absl import flags
 
+from lineax_lm import cli
 from lineax_lm.data.text import JsonlSource, open_data_file
 from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill import data as distill_data
@@ -175,26 +176,34 @@ def make_corpus(folder: str, *, teacher: str = "smollm2", shards: int = 8, docs_
   return info
 
 
+def define_flags(fv: flags.FlagValues, argv) -> None:
+  del argv
+  flags.DEFINE_string("out", None, "the corpus folder", flag_values=fv)
+  flags.DEFINE_enum("teacher", "smollm2", list(TEACHERS), "the teacher sampled", flag_values=fv)
+  flags.DEFINE_integer("shards", 8, "train shards", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("docs_per_shard", 256, "documents a shard", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("heldout_docs", 64, "held-out documents", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("max_new_tokens", 256, "teacher tokens a sample", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer("batch_size", 64, "samples drawn at once", lower_bound=1, flag_values=fv)
+  flags.DEFINE_float("temperature", 1.0, "sampling temperature", lower_bound=0, flag_values=fv)
+  flags.DEFINE_float("top_p", None, "nucleus sampling (default: none, as the distillation "
+                     "samples; on CPU its sort over the vocabulary costs time)", lower_bound=0,
+                     upper_bound=1, flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=fv)
+  flags.DEFINE_list("pack", None, "TRAIN_JSONL,HELDOUT_JSONL: sample nothing, write these documents "
+                    "(e.g. a distillation study's data/train.jsonl,data/heldout.jsonl) as --shards "
+                    "gzip shards and heldout.jsonl.gz; the sampling flags and --join_tokens are "
+                    "recorded in corpus.json", flag_values=fv)
+  flags.DEFINE_integer("join_tokens", 0, "with --pack: the documents' minimum teacher tokens "
+                       "(samples joined)", lower_bound=0, flag_values=fv)
+  flags.mark_flag_as_required("out", flag_values=fv)
+  flags.register_validator("pack", lambda v: v is None or len(v) == 2,
+                           "takes two files: TRAIN_JSONL,HELDOUT_JSONL", flag_values=fv)
+
+
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--out", required=True, help="the corpus folder")
-  p.add_argument("--teacher", default="smollm2", choices=TEACHERS)
-  p.add_argument("--shards", type=int, default=8)
-  p.add_argument("--docs_per_shard", type=int, default=256)
-  p.add_argument("--heldout_docs", type=int, default=64)
-  p.add_argument("--max_new_tokens", type=int, default=256)
-  p.add_argument("--batch_size", type=int, default=64)
-  p.add_argument("--temperature", type=float, default=1.0)
-  p.add_argument("--top_p", type=float, default=None, help="nucleus sampling (default: none, as "
-                 "the distillation samples; on CPU its sort over the vocabulary costs time)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--pack", nargs=2, metavar=("TRAIN_JSONL", "HELDOUT_JSONL"),
-                 help="sample nothing: write these documents (e.g. a distillation study's "
-                 "data/{train,heldout}.jsonl) as --shards gzip shards and heldout.jsonl.gz; the "
-                 "sampling flags and --join_tokens are recorded in corpus.json")
-  p.add_argument("--join_tokens", type=int, default=0,
-                 help="with --pack: the documents' minimum teacher tokens (samples joined)")
-  a = p.parse_args(argv)
+  a = cli.parse(define_flags, argv, "python -m lineax_lm.experiments.corpus", __doc__)
   if a.pack:
     sampling = dict(teacher=a.teacher, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                     top_p=a.top_p, join_tokens=a.join_tokens)

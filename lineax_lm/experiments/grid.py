@@ -1,13 +1,13 @@
 """The hybrid-ratio study, every mixer x ratio cell plus the Transformer, in one resumable command.
 
     python -m lineax_lm.experiments.grid --size small --out runs/hybrid_small \
-        [--only gla:6:1,hgrn:pure,transformer@1] [--set train.tokens=...] [--corpus DIR] \
+        [--only gla:6:1,hgrn:pure,transformer@1] [--config.train.tokens=...] [--corpus DIR] \
         [--control smollm2]
 
 The data: `--corpus DIR`, a folder made by lineax_lm.experiments.corpus; by default the size's
 shipped corpus (`small`: corpora/smollm2_samples, SmolLM2-135M samples committed to the
 repository), `tiny`: samples of the random tiny teacher made in `<out>/corpus`; `--corpus ""` (and
-340m / 1.3b): none, name it with `--set data.*`.
+340m / 1.3b): none, name it with `--config.data.*`.
 
 Per cell (lineax_lm.experiments.sizes says which cells, seeds, recipes and sizes there are), in
 `<out>/cells/<cell>/`:
@@ -47,7 +47,6 @@ the tables from every result.json there:
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import hashlib
@@ -76,7 +75,7 @@ def apply_overrides(config, overrides) -> None:
   for item in overrides or ():
     key, eq, value = item.partition("=")
     if not eq:
-      raise ValueError(f"`--set` takes field=value; got {item!r}")
+      raise ValueError(f"an override takes field=value; got {item!r}")
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -85,10 +84,10 @@ def apply_overrides(config, overrides) -> None:
     parent, names = config, [node] + path
     for name in names[:-1]:
       if name not in parent:
-        raise ValueError(f"`--set {item}`: the cell config has no field {key!r}")
+        raise ValueError(f"`--config.{item}`: the cell config has no field {key!r}")
       parent = parent[name]
     if names[-1] not in parent:
-      raise ValueError(f"`--set {item}`: the cell config has no field {key!r}")
+      raise ValueError(f"`--config.{item}`: the cell config has no field {key!r}")
     if isinstance(value, float) and value.is_integer() and isinstance(parent[names[-1]], int):
       value = int(value)
     parent[names[-1]] = value
@@ -96,7 +95,7 @@ def apply_overrides(config, overrides) -> None:
 
 def corpus_data(corpus: str) -> dict:
   """The data fields of a corpus folder made by lineax_lm.experiments.corpus (train shards and a
-  held-out file, plain or gzip jsonl), or {} when `corpus` is empty (then `--set data.paths=...`
+  held-out file, plain or gzip jsonl), or {} when `corpus` is empty (then `--config.data.paths=...`
   names the data). Training reads the shards only; the grid's scores read the held-out file."""
   if not corpus:
     return {}
@@ -668,28 +667,73 @@ def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: i
     raise RuntimeError(f"cells {failed} failed: see cells/<cell>/cell.log under {out}")
 
 
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of --name in `argv` ("--name=V" or "--name V"), or None."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _integers_as_floats(config) -> ml_collections.ConfigDict:
+  """`config` with its integer fields typed float, so an override may write a budget as 2.6e6
+  (apply_overrides sets an integral float on an integer field as an int)."""
+  def convert(value):
+    if isinstance(value, dict):
+      return {k: convert(v) for k, v in value.items()}
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+  return ml_collections.ConfigDict(convert(config.to_dict()))
+
+
+def define_flags(fv, argv: list[str]) -> None:
+  """The grid's flags; `--config.<field>=value` overrides a field of every cell's training config,
+  checked against the config of the first cell `--size` and `--only` name."""
+  from absl import flags
+  from ml_collections import config_flags
+  flags.DEFINE_enum("size", None, sorted(sizes_lib.SIZES), "the study size", flag_values=fv)
+  flags.DEFINE_string("out", None, "the grid folder (cells/, tables, plots)", flag_values=fv)
+  flags.DEFINE_string("corpus", None, "a folder made by lineax_lm.experiments.corpus "
+                      "(train-*.jsonl[.gz] + heldout.jsonl[.gz]); default: the size's shipped corpus "
+                      "(small: corpora/smollm2_samples); \"\": none, name the data with "
+                      "--config.data.*", flag_values=fv)
+  flags.DEFINE_string("only", "", "cells to run: mixer:ratio,... (e.g. gla:6:1,hgrn:pure,"
+                      "transformer; a bare mixer runs all its ratios)", flag_values=fv)
+  flags.DEFINE_integer("next", None, "only the next N unfinished cells (after --only), e.g. what "
+                       "one time-limited call can finish", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("parallel", 1, "cells at a time, each in its own process (they share the "
+                       "accelerator: a small cell is mostly compilation on the host)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_enum("control", "", ["", *CONTROLS], "score this teacher on the RULER-style tasks "
+                    "first, the positive control of the recall tables (once per --out and "
+                    "evaluation settings; with --tables: only that)", flag_values=fv)
+  flags.DEFINE_bool("list", False, "print the cells and their placements, run nothing",
+                    flag_values=fv)
+  flags.DEFINE_bool("tables", False, "only rewrite the tables and plots from the "
+                    "cells/*/result.json under --out (e.g. after gathering the cells of several "
+                    "machines)", flag_values=fv)
+  flags.mark_flags_as_required(["size", "out"], flag_values=fv)
+  size = _flag_value(argv, "size")
+  if size in sizes_lib.SIZES:  # else absl's own error names --size
+    mixer, ratio, seed = sizes_lib.parse_cells(_flag_value(argv, "only") or "",
+                                               sizes_lib.get_size(size))[0]
+    cell = sizes_lib.cell_config(sizes_lib.get_size(size), mixer, ratio, False, seed)
+    config_flags.DEFINE_config_dict("config", _integers_as_floats(cell), "every cell's training config: override a "
+                                    "field with --config.<field>=value, e.g. "
+                                    "--config.train.tokens=2e6", flag_values=fv, sys_argv=argv)
+
+
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description="The hybrid-ratio study grid (docs/hybrid_study.md).")
-  p.add_argument("--size", required=True, choices=sorted(sizes_lib.SIZES))
-  p.add_argument("--out", required=True, help="the grid folder (cells/, tables, plots)")
-  p.add_argument("--corpus", default=None, help="a folder made by lineax_lm.experiments.corpus "
-                 "(train-*.jsonl[.gz] + heldout.jsonl[.gz]); default: the size's shipped corpus "
-                 "(small: corpora/smollm2_samples); \"\": none, name the data with --set data.*")
-  p.add_argument("--only", default="", help="cells to run: mixer:ratio,... (e.g. gla:6:1,"
-                 "hgrn:pure,transformer; a bare mixer runs all its ratios)")
-  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                 help="a field of every cell's training config, e.g. train.tokens=2e6")
-  p.add_argument("--next", type=int, default=None, metavar="N", help="only the next N unfinished "
-                 "cells (after --only), e.g. what one time-limited call can finish")
-  p.add_argument("--parallel", type=int, default=1, help="cells at a time, each in its own process "
-                 "(they share the accelerator: a small cell is mostly compilation on the host)")
-  p.add_argument("--control", default="", choices=("", *CONTROLS), help="score this teacher on the "
-                 "RULER-style tasks first, the positive control of the recall tables (once per --out and "
-                 "evaluation settings; with --tables: only that)")
-  p.add_argument("--list", action="store_true", help="print the cells and their placements, run nothing")
-  p.add_argument("--tables", action="store_true", help="only rewrite the tables and plots from the "
-                 "cells/*/result.json under --out (e.g. after gathering the cells of several machines)")
-  a = p.parse_args(argv)
+  from ml_collections import config_flags
+  from lineax_lm import cli
+  try:
+    a = cli.parse(define_flags, argv, "python -m lineax_lm.experiments.grid", __doc__)
+  except ValueError as e:  # a malformed --only, read to pick the config the overrides check
+    cli.fail(e)
+  # Each --config.<field> override, as apply_overrides reads it: the value config_flags parsed.
+  overrides = [f"{field}={value!r}" for field, value in
+               config_flags.get_override_values(a["config"]).items()] if "config" in a else []
   if a.tables:
     if a.control:
       ensure_control(sizes_lib.get_size(a.size), a.out, a.control)
@@ -697,15 +741,13 @@ def main(argv=None) -> int:
     check_one_budget(results)
     print(write_outputs(results, a.out))
     return 0
-  from absl import logging as absl_logging
-  absl_logging.set_verbosity(absl_logging.WARNING)     # orbax logs every save at INFO
   if a.list:
-    for c in build_cells(a.size, a.only, a.corpus, a.overrides, accelerator=False):
+    for c in build_cells(a.size, a.only, a.corpus, overrides, accelerator=False):
       print(f"{c['name']:27s} attention layers {c['attn_layers']} (effective {c['effective_ratio']})")
     return 0
   from lineax_lm.train.trainer import Interrupted
   try:
-    run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=a.overrides,
+    run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=overrides,
              parallel=a.parallel, argv=argv, next_cells=a.next, control=a.control)
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)

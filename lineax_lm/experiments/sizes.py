@@ -205,7 +205,7 @@ def small_mlp_hidden(mixer: str, hidden: int) -> int | None:
 def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True,
                 seed: int = 0) -> ml_collections.ConfigDict:
   """The training config of one cell (lineax_lm.train.config.lm_config); data paths are left to
-  the caller (`--set data.paths=...` or the grid's corpus). `seed` seeds the initialisation and
+  the caller (`--config.data.paths=...` or the grid's corpus). `seed` seeds the initialisation and
   the data order."""
   transformer = mixer == "transformer"
   c = lm_config(tokens=size.tokens)

@@ -38,42 +38,6 @@ def sample_logits(logits, rng, temperature: float = 1.0, top_k: int | None = Non
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k",
-                                             "top_p", "eos_id"))
-def _generate(graphdef, state, prompt, rng, *, max_new_tokens, temperature, top_k, top_p, eos_id):
-  model = nnx.merge(graphdef, state)
-  B, P = prompt.shape
-  sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
-  cache = model.init_cache(B, P + max_new_tokens)
-  logits, cache = model.step(prompt, cache)                               # prefill: chunk ops
-  rng, key = jax.random.split(rng)
-  token = sample(logits[:, -1], key)
-  out = jnp.zeros((B, max_new_tokens), jnp.int32).at[:, 0].set(token)
-  done = jnp.zeros((B,), bool) if eos_id is None else token == eos_id
-
-  def cond(carry):
-    i, _, _, _, _, done = carry
-    return (i < max_new_tokens) & ~jnp.all(done)
-
-  def body(carry):
-    i, token, cache, out, rng, done = carry
-    logits, cache = model.step(token[:, None], cache)                     # decode: fused_recurrent
-    rng, key = jax.random.split(rng)
-    nxt = sample(logits[:, -1], key)
-    if eos_id is not None:
-      nxt = jnp.where(done, eos_id, nxt)
-      done = done | (nxt == eos_id)
-    return i + 1, nxt, cache, out.at[:, i].set(nxt), rng, done
-
-  carry = (jnp.ones((), jnp.int32), token, cache, out, rng, done)
-  *_, out, _, _ = lax.while_loop(cond, body, carry)
-  if eos_id is not None:  # rows that finished early: fill the unwritten tail with eos
-    written = jnp.arange(max_new_tokens)[None, :] <= jnp.argmax(out == eos_id, axis=1)[:, None]
-    finished = jnp.any(out == eos_id, axis=1, keepdims=True)
-    out = jnp.where(finished & ~written, eos_id, out)
-  return jnp.concatenate([prompt, out], axis=1)
-
-
 def memory_limit() -> tuple[int, str]:
   """(bytes, what they are) of the memory one request may use: the first local device's limit on
   an accelerator, the host's physical memory on CPU (whose device reports none)."""
@@ -145,14 +109,17 @@ def check_rng(rng):
                    f"{type(rng).__name__} {rng!r}")
 
 
-def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0,
+def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, rng=None, eos_id: int | None = None):
-  """Samples `max_new_tokens` tokens after `prompt_ids` [B, P] (equal-length prompts; prompts of
+  """Generates `max_new_tokens` tokens after `prompt_ids` [B, P] (equal-length prompts; prompts of
   different lengths: `generate_ragged`).
 
-  temperature == 0 is greedy; top_k / top_p filter before sampling; after `eos_id` a row repeats it.
-  Returns [B, P + max_new_tokens] int32. The whole loop is one compiled function per shape and
-  sampling setting.
+  Greedy unless sampling is asked for (as Hugging Face's generate): temperature > 0 samples, with
+  `rng`; top_k / top_p filter before sampling; after `eos_id` a row repeats it.
+  Returns [B, P + max_new_tokens] int32. Prompt lengths share compiled programs by power-of-two
+  bucket, as in `generate_ragged` (whose loop this is): the prompt is prefilled with the chunk ops
+  up to `prefill_bucket(P)` tokens and its rest fed one token per step, so a new prompt length
+  costs no compilation when its buckets were seen.
   """
   if isinstance(prompt_ids, (list, tuple)) and len({len(p) for p in prompt_ids}) > 1:
     raise ValueError(f"`prompt_ids` must be [B, P] (equal lengths); got prompts of lengths "
@@ -164,11 +131,15 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 1.0
     raise ValueError(f"`prompt_ids` must hold integer token ids; got dtype {ids.dtype}")
   _check_ids("prompt_ids", ids, model.config.vocab_size)
   rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_id)
-  _check_request(model, ids.shape[0], ids.shape[1] + max_new_tokens, max_new_tokens)
-  prompt_ids = jnp.asarray(ids, jnp.int32)
-  graphdef, state = nnx.split(model)
-  return _generate(graphdef, state, prompt_ids, rng, max_new_tokens=int(max_new_tokens),
-                   temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
+  B, P = ids.shape
+  out = _run_bucketed(model, ids.tolist(), max_new_tokens, rng, temperature=temperature,
+                      top_k=top_k, top_p=top_p, eos_id=eos_id, pad_id=0)[:, :P + max_new_tokens]
+  if eos_id is not None:  # rows that finished early: their unwritten tail repeats eos
+    new = out[:, P:]
+    finished = np.any(new == eos_id, axis=1, keepdims=True)
+    written = np.arange(max_new_tokens)[None, :] <= np.argmax(new == eos_id, axis=1)[:, None]
+    out[:, P:] = np.where(finished & ~written, eos_id, new)
+  return jnp.asarray(out)
 
 
 def length_bucket(n: int, floor: int = 16) -> int:
@@ -223,11 +194,29 @@ def _generate_ragged(graphdef, state, tokens, lengths, rng, *, prefill, max_new_
   return tokens, t
 
 
-def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float = 1.0,
+def _run_bucketed(model, prompts: list[list[int]], max_new_tokens: int, rng, *, temperature, top_k,
+                  top_p, eos_id, pad_id) -> np.ndarray:
+  """The checked `prompts` through `_generate_ragged`, padded to `length_bucket` of the longest
+  and prefilled to `prefill_bucket` of the shortest: [B, padded width + max_new_tokens] tokens."""
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  width = length_bucket(int(lengths.max())) + int(max_new_tokens)
+  _check_request(model, len(prompts), width, max_new_tokens)
+  tokens = np.full((len(prompts), width), pad_id, np.int32)
+  for row, p in zip(tokens, prompts):
+    row[:len(p)] = p
+  graphdef, state = nnx.split(model)
+  out, _ = _generate_ragged(graphdef, state, jnp.asarray(tokens), jnp.asarray(lengths), rng,
+                            prefill=prefill_bucket(int(lengths.min())), max_new_tokens=int(max_new_tokens),
+                            temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
+  return np.array(out)
+
+
+def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, rng=None,
                     eos_id: int | None = None, pad_id: int = 0) -> list[list[int]]:
-  """Samples `max_new_tokens` tokens after each of `prompts` (sequences of token ids of any lengths,
-  each >= 1) and returns the new tokens of each (cut after `eos_id` when given).
+  """Generates `max_new_tokens` tokens after each of `prompts` (sequences of token ids of any
+  lengths, each >= 1) and returns the new tokens of each (cut after `eos_id` when given). Greedy
+  unless temperature > 0 (with `rng`) asks for sampling, as `generate`.
 
   The batch is padded to `length_bucket` of the longest prompt and prefilled with the chunk ops up
   to `prefill_bucket` of the shortest; the rest of each prompt is fed one token per step in the
@@ -242,18 +231,9 @@ def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float =
   for i, p in enumerate(prompts):
     _check_ids(f"prompts[{i}]", np.asarray(p), model.config.vocab_size)
   rng = _check_sampling(model, max_new_tokens, temperature, top_k, top_p, rng, eos_id)
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  width = length_bucket(int(lengths.max())) + int(max_new_tokens)
-  _check_request(model, len(prompts), width, max_new_tokens)
-  tokens = np.full((len(prompts), width), pad_id, np.int32)
-  for row, p in zip(tokens, prompts):
-    row[:len(p)] = p
-  graphdef, state = nnx.split(model)
-  out, _ = _generate_ragged(graphdef, state, jnp.asarray(tokens), jnp.asarray(lengths), rng,
-                            prefill=prefill_bucket(int(lengths.min())), max_new_tokens=int(max_new_tokens),
-                            temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
-  out = np.asarray(out)
-  new = [out[i, n:n + max_new_tokens].tolist() for i, n in enumerate(lengths)]
+  out = _run_bucketed(model, prompts, max_new_tokens, rng, temperature=temperature, top_k=top_k,
+                      top_p=top_p, eos_id=eos_id, pad_id=pad_id)
+  new = [out[i, len(p):len(p) + max_new_tokens].tolist() for i, p in enumerate(prompts)]
   if eos_id is not None:
     new = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in new]
   return new

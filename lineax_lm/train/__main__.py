@@ -16,6 +16,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from lineax_lm import cli
 from lineax_lm.train import distributed
 from lineax_lm.train.trainer import train_and_evaluate
 from lineax_lm.train.validation import check_config
@@ -139,6 +140,7 @@ def main(argv):
     check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
   except ValueError as e:
     sys.exit(f"error: {e}")
+  cli.quiet_library_logs()
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

@@ -125,7 +125,8 @@ class MetricsWriter:
       self.tb.add_scalar(name, value, step)
     self.jsonl.write(json.dumps({"step": step, "time": time.time(), **scalars}) + "\n")
     self.jsonl.flush()
-    short = {k: scalars[k] for k in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu") if k in scalars}
+    short = {k: v for k, v in scalars.items()  # a training row's headline numbers, an eval row's all
+             if k in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu") or k.startswith("eval_")}
     if self.bar is not None:
       self.bar.set_postfix({k: f"{v:.4g}" for k, v in short.items()}, refresh=False)
     else:

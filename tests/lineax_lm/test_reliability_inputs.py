@@ -436,12 +436,11 @@ def test_truncated_gguf_names_the_file(tmp_path):
     ("--mqar_examples", "0"), ("--batch_size", "0"), ("--max_len", "0"), ("--ppl_documents", "0"),
     ("--step", "-1"), ("--lengths", "abc"), ("--tasks", ","), ("--tasks", " "),
 ])
-def test_eval_arguments_below_one_name_the_argument(argument, value, capsys):
+def test_eval_arguments_below_one_name_the_argument(argument, value):
   from lineax_lm.eval.__main__ import parse_args
   with pytest.raises(SystemExit) as e:
     parse_args(["--workdir", "w", f"{argument}={value}"])
-  assert e.value.code == 2
-  assert f"argument {argument}:" in capsys.readouterr().err
+  assert e.value.code.startswith(f"error: flag {argument}=") and "\n" not in e.value.code
 
 
 def test_eval_functions_reject_lengths_below_one():

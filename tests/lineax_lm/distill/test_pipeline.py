@@ -159,13 +159,18 @@ def test_study_entry_one_budget_one_table_resumes(tmp_path, capsys):
   saved = json.load(open(os.path.join(workdir, "study.json")))
   assert saved["table"] in table and os.path.exists(os.path.join(workdir, "study.md"))
   assert set(study.main(args + ["--tables"])) == {"gated_deltanet"}
-  with pytest.raises(ValueError, match="not study students"):
+  with pytest.raises(SystemExit, match=r"^error: flags students=.*\['hgrn'\] are not study students"):
     study.main(args + ["--only", "hgrn"])
 
 
-def test_study_parallel_must_be_positive():
-  with pytest.raises(ValueError, match="--parallel"):
-    study.main(["--workdir", "w", "--parallel", "0"])
+def test_study_bad_flags_give_one_line_naming_the_flag():
+  for argv, message in ((["--workdir", "w", "--parallel", "0"], "flag --parallel=0: 0 is not"),
+                        (["--parallel", "2"], "flag --workdir=None"),
+                        (["--workdir", "w", "--only", "hgrn"], r"\['hgrn'\] are not study students"),
+                        (["--workdir", "w", "--tokens", "lots"], "flag --tokens=lots")):
+    with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
+      study.main(argv)
+    assert "\n" not in e.value.code
 
 
 def test_study_budget_documents_reference_text_and_recoveries(tmp_path):

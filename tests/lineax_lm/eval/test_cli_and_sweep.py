@@ -55,7 +55,7 @@ def test_sweep_then_eval_cli(tmp_path, capsys):
   assert [(r["seq_len"], r["num_kv_pairs"]) for r in rows] == [(32, 4), (64, 4)]
   for name in ("mqar.md", "mqar.png", "efficiency.md", "efficiency.csv", "pareto.png"):
     assert os.path.getsize(os.path.join(point, "eval", name)) > 0
-  with pytest.raises(ValueError, match="ppl measures text, and .* trained on MQAR token ids"):
+  with pytest.raises(SystemExit, match="^error: `--tasks` ppl measures text, and .* MQAR token ids"):
     eval_main(["--workdir", point, "--tasks", "ppl"])
 
 
@@ -128,3 +128,8 @@ def test_a_signal_ends_the_sweep_not_one_point(tmp_path, monkeypatch):
   with pytest.raises(trainer.Interrupted, match="rerun the same command to resume"):
     sweep.run_sweep(tiny_sweep(), str(tmp_path), progress=False)
   assert len(started) == 1 and not os.path.exists(os.path.join(started[0], "result.json"))
+
+
+def test_eval_cli_without_checkpoints_says_so_in_one_line(tmp_path):
+  with pytest.raises(SystemExit, match=f"^error: no checkpoints under {tmp_path}/checkpoints$"):
+    eval_main(["--workdir", str(tmp_path)])

@@ -108,3 +108,9 @@ def test_the_small_grid_reads_the_shipped_corpus_and_scores_on_its_heldout_file(
   assert min(len(d) for d in train_docs) > 2048      # joined samples: >= 2,048 teacher tokens
   with pytest.raises(FileNotFoundError, match="pass --corpus DIR"):
     corpus_lib.shipped_corpus("no_such_corpus")
+
+
+def test_pack_takes_two_files_and_says_so():
+  from lineax_lm.experiments import corpus
+  with pytest.raises(SystemExit, match=r"^error: flag --pack=\['train.jsonl'\]: takes two files"):
+    corpus.main(["--out", "c", "--pack", "train.jsonl"])

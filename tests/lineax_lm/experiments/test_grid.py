@@ -204,3 +204,23 @@ def test_next_runs_only_the_first_unfinished_cells(tmp_path, monkeypatch):
   assert ran[2:] == ["hgrn_6-1", "hgrn_3-1", "hgrn_pure"]
   grid.run_grid("small", out, next_cells=3, **args)
   assert ran[5:] == ["gla_6-1", "gla_6-1_s1", "gla_6-1_s2"]
+
+
+def test_config_overrides_reach_every_cell_and_bad_ones_say_which(tmp_path, monkeypatch, capsys):
+  built = []
+  monkeypatch.setattr(grid, "build_cells", lambda *a, **k: built.append(a[3]) or [])
+  argv = ["--size", "tiny", "--out", str(tmp_path), "--list"]
+  assert grid.main(argv + ["--config.train.tokens=2.6e6", "--config.data.paths=a b.jsonl",
+                           "--config.model.attn_short_conv=True"]) == 0
+  config = grid.sizes_lib.cell_config(grid.sizes_lib.get_size("tiny"), "gated_deltanet", "3:1")
+  grid.apply_overrides(config, built[0])
+  assert config.train.tokens == 2_600_000 and isinstance(config.train.tokens, int)
+  assert config.data.paths == "a b.jsonl" and config.model.attn_short_conv is True
+  for bad, message in ((["--config.train.tokenz=1"], "--config.train.tokenz: the config has no field"),
+                       (["--config.train.tokens=many"], "flag --config.train.tokens=many:"),
+                       (["--parallel=0"], "flag --parallel=0:"), (["--set", "train.tokens=1"], "set")):
+    with pytest.raises(SystemExit, match=message) as e:
+      grid.main(argv + bad)
+    assert "\n" not in str(e.value.code)
+  with pytest.raises(SystemExit, match="flag --size=None"):
+    grid.main(["--out", str(tmp_path)])

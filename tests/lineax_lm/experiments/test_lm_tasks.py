@@ -58,3 +58,15 @@ def test_local_tasks_through_the_adapter(tmp_path):
   bad.write_text(json.dumps({"question": "?"}) + "\n")
   with pytest.raises(ValueError, match="context"):
     lm_tasks.read_local_task(str(bad))
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "give one model: --workdir or --teacher"),
+    (["--workdir", "w", "--teacher"], "give one model"),
+    (["--teacher", "--metric", "piqa"], "flag --metric=\\['piqa'\\]: takes TASK=METRIC"),
+    (["--teacher", "--local", "missing/*.jsonl"], "--local: .* matches no file"),
+])
+def test_bad_flags_give_one_line(argv, message):
+  with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
+    lm_tasks.main(argv)
+  assert "\n" not in e.value.code

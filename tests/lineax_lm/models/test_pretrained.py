@@ -63,6 +63,17 @@ def test_prompts_of_different_lengths_generate_in_one_batch(model):
     lineax_lm.generate_ragged(model, [[1], []], 3, temperature=0.0)
 
 
+def test_generate_is_greedy_by_default_and_compiles_per_length_bucket(model):
+  prompt = tokens((2, 9), 259, seed=4)
+  greedy = np.asarray(lineax_lm.generate(model, prompt, 3))  # no rng: greedy, as in HF
+  np.testing.assert_array_equal(greedy, lineax_lm.generate(model, prompt, 3, temperature=0.0))
+  assert lineax_lm.generate_ragged(model, prompt.tolist(), 3) == greedy[:, 9:].tolist()
+  compiled = generation._generate_ragged._cache_size()
+  for length in (10, 11, 12):  # the bucket of 9: padded to 16, prefill 8
+    lineax_lm.generate(model, tokens((2, length), 259, seed=length), 3)
+  assert generation._generate_ragged._cache_size() == compiled
+
+
 def test_save_pretrained_round_trip(model, tmp_path):
   folder = lineax_lm.save_pretrained(model, tmp_path / "m", tokenizer=ByteTokenizer())
   meta = json.loads((tmp_path / "m" / "config.json").read_text())

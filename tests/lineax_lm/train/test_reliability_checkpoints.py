@@ -229,6 +229,16 @@ def test_metrics_resumed_at_a_step_drop_the_rows_past_it(tmp_path):
   assert _loss_rows(tmp_path) == [1, 2, 3, 4, 5, 6]
 
 
+def test_the_log_line_of_an_eval_row_prints_its_metrics(tmp_path, caplog):
+  writer = metrics_lib.MetricsWriter(str(tmp_path), 2, enabled=True)
+  with caplog.at_level("INFO", logger="lineax_lm"):
+    writer.write(1, {"loss": 2.5, "lr": 1e-3, "param_norm": 9.0})
+    writer.write(2, {"eval_loss": 1.25, "eval_accuracy": 0.5})
+  writer.close()
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+  assert lines == ["step 1  loss=2.5  lr=0.001", "step 2  eval_loss=1.25  eval_accuracy=0.5"]
+
+
 # ------------------------------------------------------------------------------ the trainer
 # clean_run / clean_copy (conftest.py): one finished 6-step run, checkpoints at steps 2, 4, 6.
 def _same_params(a, b):
