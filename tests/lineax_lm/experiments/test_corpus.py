@@ -95,7 +95,7 @@ def test_pack_corpus_writes_gzip_shards_the_grid_reads(tmp_path):
 
 def test_the_small_grid_reads_the_shipped_corpus_and_scores_on_its_heldout_file():
   from lineax_lm.experiments import corpus as corpus_lib, grid
-  (cell,) = grid.build_cells("small", "gated_deltanet:3:1", accelerator=False)
+  (cell,) = grid.build_cells("small", "gated_deltanet:3:1@0", accelerator=False)
   folder = corpus_lib.shipped_corpus("smollm2_samples")
   data = cell["config"].data
   assert data.source == "jsonl" and data.paths == os.path.join(folder, "train-*.jsonl.gz")
