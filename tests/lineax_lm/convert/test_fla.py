@@ -149,12 +149,12 @@ def test_command_line_converts_both_ways_with_the_tokenizer(hybrid, tmp_path, ca
   shutil.copytree(folder, source)
   write_tokenizer(str(source))
   (source / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
-  out = convert_main(["--from", "fla", str(source), "--out", str(tmp_path / "lineax")])
+  out = convert_main(["--from=fla", "--path", str(source), "--out", str(tmp_path / "lineax")])
   assert "special_tokens_map.json" in capsys.readouterr().out
   lm = lineax_lm.load(out)
   assert lm.tokenizer.eos_id == 8
   assert_same_params(model, lm.model)
-  back = convert_main(["--to", "fla", out, "--out", str(tmp_path / "fla_again")])
+  back = convert_main(["--to=fla", "--path", out, "--out", str(tmp_path / "fla_again")])
   assert json.loads((tmp_path / "fla_again" / "config.json").read_text())["eos_token_id"] == 8
   assert (tmp_path / "fla_again" / "special_tokens_map.json").exists()
   assert_same_params(model, fla.from_fla(back))
@@ -276,3 +276,12 @@ def test_export_refuses_what_fla_cannot_express(tmp_path):
     fla.config_to_fla(fla_config("gated_deltanet", "3:1", linear_mlp_hidden=128))
   with pytest.raises(ValueError, match="`format` must be 'lineax' or 'fla'"):
     lineax_lm.save_pretrained(HybridLM(fla_config("hgrn"), nnx.Rngs(0)), tmp_path, format="torch")
+
+
+def test_the_command_names_a_bad_or_missing_flag_in_one_line(tmp_path):
+  with pytest.raises(SystemExit, match=r"^error: .*--path"):
+    convert_main(["--from=fla", "--out", str(tmp_path / "x")])
+  with pytest.raises(SystemExit, match=r"^error: .*(from|to)"):
+    convert_main(["--path", str(tmp_path), "--out", str(tmp_path / "x")])
+  with pytest.raises(SystemExit, match=r"^error: .*config.json"):
+    convert_main(["--from=fla", "--path", str(tmp_path), "--out", str(tmp_path / "x")])
