@@ -20,7 +20,6 @@ of the hybrids keep the standard one).
 from __future__ import annotations
 
 import math
-import sys
 from collections import defaultdict
 
 from flax import nnx
@@ -141,10 +140,23 @@ def format_counts(name: str, counts: dict) -> str:
           f"(attention {m('attention')}) mlps {m('mlps')} norms {m('norms')} head {m('head')}")
 
 
+def define_flags(fv, argv) -> None:
+  from absl import flags
+  del argv
+  flags.DEFINE_list("presets", sorted(PRESETS), "the presets whose parameters are counted",
+                    flag_values=fv)
+
+
 def main(argv=None):
-  names = (argv or sys.argv[1:]) or sorted(PRESETS)
-  for name in names:
-    print(format_counts(name, count_params(get_preset(name))), flush=True)
+  """python -m lineax_lm.models.presets [--presets=a,b]: each preset's parameter count by part."""
+  from lineax_lm import cli
+  a = cli.parse(define_flags, argv, "python -m lineax_lm.models.presets", main.__doc__)
+  for name in a.presets:
+    try:
+      counts = count_params(get_preset(name))
+    except ValueError as e:   # an unknown preset names the ones there are
+      cli.fail(e)
+    print(format_counts(name, counts), flush=True)
 
 
 if __name__ == "__main__":

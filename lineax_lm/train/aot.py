@@ -17,7 +17,6 @@ the settings that shard or drop what takes the room.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -272,21 +271,25 @@ def table_markdown(rows: list[tuple[tuple, dict | None]]) -> str:
   return "\n".join(out) + "\n"
 
 
+def define_table_flags(fv, argv) -> None:
+  from absl import flags
+  del argv
+  flags.DEFINE_string("out", None, "markdown file, rewritten after every row", flag_values=fv)
+  flags.DEFINE_float("timeout", 1800.0, "seconds per row", lower_bound=1, flag_values=fv)
+  flags.DEFINE_list("presets", TABLE_PRESETS + [LONG_CONTEXT[0]], "subset of the rows' presets",
+                    flag_values=fv)
+  flags.DEFINE_list("topologies", TABLE_TOPOLOGIES, "subset of the rows' topologies", flag_values=fv)
+
+
 def table_main(argv=None):
   """python -m lineax_lm.train.aot [--out FILE] [--timeout S]: the presets x topologies table, one
   `python -m lineax_lm.train --aot` per row, the file rewritten after each."""
-  ap = argparse.ArgumentParser(description=table_main.__doc__)
-  ap.add_argument("--out", help="markdown file, rewritten after every row")
-  ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
-  ap.add_argument("--presets", default=",".join(TABLE_PRESETS + [LONG_CONTEXT[0]]),
-                  help="comma-separated subset of the rows' presets")
-  ap.add_argument("--topologies", default=",".join(TABLE_TOPOLOGIES), help="comma-separated subset")
-  args = ap.parse_args(argv)
-  presets, topologies = args.presets.split(","), args.topologies.split(",")
-  rows = [r for r in table_rows() if r[0] in presets and r[1] in topologies]
+  from lineax_lm import cli
+  a = cli.parse(define_table_flags, argv, "python -m lineax_lm.train.aot", table_main.__doc__)
+  rows = [r for r in table_rows() if r[0] in a.presets and r[1] in a.topologies]
   if not rows:
-    sys.exit(f"error: no row has --presets {args.presets} and --topologies {args.topologies}")
-  print(fill_table(rows, lambda row: run_row(*row, timeout=args.timeout), table_markdown, args.out))
+    cli.fail(f"no row has --presets {','.join(a.presets)} and --topologies {','.join(a.topologies)}")
+  print(fill_table(rows, lambda row: run_row(*row, timeout=a.timeout), table_markdown, a.out))
 
 
 if __name__ == "__main__":

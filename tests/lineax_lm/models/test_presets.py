@@ -55,3 +55,11 @@ def test_cache_formula_matches_an_allocated_cache(ratio):
   cache = model.init_cache(2, 100)
   allocated = sum(np.asarray(a).nbytes for a in jax.tree.leaves(cache["layers"]))
   assert allocated == 2 * cache_bytes(cfg, 100)["total"] == real_cache_bytes(model, 100, batch=2)
+
+
+def test_the_counting_command_takes_flags_and_names_an_unknown_preset(capsys):
+  from lineax_lm.models import presets
+  presets.main(["--presets=gla_340m"])
+  assert capsys.readouterr().out.startswith("gla_340m")
+  with pytest.raises(SystemExit, match=r"^error: unknown preset 'nope'"):
+    presets.main(["--presets=nope"])

@@ -53,3 +53,8 @@ def test_presets_table_rows_and_markdown():
   assert "| gated_deltanet_340m | v5e-8 | 4,096 | yes | 3.10 | 95 | 12,345 | 41.0% |" in text
   assert "| gated_deltanet_hybrid_1.3b | v5p-128 | 131,072 | not run |" in text
   assert "| v5p-8 | 4,096 | timeout (> 1800 s) |" in text
+
+
+def test_the_table_command_names_a_subset_with_no_row():
+  with pytest.raises(SystemExit, match=r"^error: no row has --presets nope"):
+    aot.table_main(["--presets=nope"])
