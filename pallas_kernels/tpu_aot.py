@@ -16,7 +16,6 @@ Each item compiles in its own process under `--timeout` seconds, so a slow compi
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
@@ -273,28 +272,35 @@ def fill_table(keys, run_one, render, out: str | None = None) -> str:
   return render(rows)
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--chips", default=",".join(CHIPS), help=f"comma-separated, of {sorted(CHIPS)}")
-  ap.add_argument("--families", default=",".join(FAMILIES))
-  ap.add_argument("--only", default=",".join(KINDS), help=f"row kinds, of {KINDS}")
-  ap.add_argument("--timeout", type=float, default=600.0, help="seconds per compile")
-  ap.add_argument("--out", help="markdown file, rewritten after every row")
-  ap.add_argument("--item", help=argparse.SUPPRESS)  # one item (JSON), in a child process
-  args = ap.parse_args(argv)
-  if args.item:
-    print(json.dumps(compile_item(Item(**json.loads(args.item)))), flush=True)
-    return
-  if (why := libtpu_missing()):
-    sys.exit(f"error: {why}")
-  for name, values, known in (("--chips", args.chips, CHIPS), ("--families", args.families, FAMILIES),
-                              ("--only", args.only, KINDS)):
-    bad = sorted(set(values.split(",")) - set(known))
-    if bad:
-      sys.exit(f"error: {name}: unknown {bad}; choose from {sorted(known)}")
-  items = matrix(args.chips.split(","), args.families.split(","), args.only.split(","))
-  print(fill_table(items, lambda item: run_isolated(item, args.timeout), table, args.out))
+def define_flags(fv, argv) -> None:
+  from absl import flags
+  del argv
+  flags.DEFINE_list("chips", list(CHIPS), f"subset of {sorted(CHIPS)}", flag_values=fv)
+  flags.DEFINE_list("families", list(FAMILIES), "subset of the op families", flag_values=fv)
+  flags.DEFINE_list("only", list(KINDS), f"row kinds, of {list(KINDS)}", flag_values=fv)
+  flags.DEFINE_float("timeout", 600.0, "seconds per compile", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("out", None, "markdown file, rewritten after every row", flag_values=fv)
+  flags.DEFINE_string("item", None, "internal: one item (JSON), compiled in a child process",
+                      flag_values=fv)
 
+
+def main(argv=None):
+  """python -m pallas_kernels.tpu_aot [--chips ..] [--families ..] [--only ..] [--out FILE]."""
+  # The command line follows the distribution's convention (absl flags, one-line errors); the
+  # kernels themselves import nothing but jax.
+  from lineax_lm import cli
+  a = cli.parse(define_flags, argv, "python -m pallas_kernels.tpu_aot", __doc__)
+  if a.item:
+    print(json.dumps(compile_item(Item(**json.loads(a.item)))), flush=True)
+    return
+  for name, values, known in (("--chips", a.chips, CHIPS), ("--families", a.families, FAMILIES),
+                              ("--only", a.only, KINDS)):
+    if (bad := sorted(set(values) - set(known))):
+      cli.fail(f"{name}: unknown {bad}; choose from {sorted(known)}")
+  if (why := libtpu_missing()):
+    cli.fail(why)
+  items = matrix(a.chips, a.families, a.only)
+  print(fill_table(items, lambda item: run_isolated(item, a.timeout), table, a.out))
 
 if __name__ == "__main__":
   main()

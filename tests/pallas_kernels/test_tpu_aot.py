@@ -1,6 +1,7 @@
 """`pallas_kernels.tpu_aot`: topology names, the presets' head dims, and (marker `tpu_aot`, with
 libtpu) every family's TPU kernels compiled for a v5e chip at a small shape."""
 import dataclasses
+import re
 
 import pytest
 
@@ -20,6 +21,14 @@ def test_topology_names_in_both_forms():
 def test_unknown_topology_is_one_clear_error_naming_it(bad):
   with pytest.raises(ValueError, match=f"TPU topology '{bad}'"):
     parse_topology(bad)
+
+
+@pytest.mark.parametrize("argv, says", [(["--chips=v9"], "--chips: unknown ['v9']"),
+                                         (["--only=anchor,big"], "--only: unknown ['big']"),
+                                         (["--timeout=0"], "timeout"), (["stray"], "unexpected argument")])
+def test_bad_command_line_is_one_line_naming_the_flag(argv, says):
+  with pytest.raises(SystemExit, match=re.escape(says)):
+    tpu_aot.main(argv)
 
 
 def test_preset_head_dims_are_the_presets_mixers():
