@@ -34,6 +34,16 @@ from lineax_lm import storage
 
 log = logging.getLogger("lineax_lm")
 
+
+def _drop_read_only_notices(record: logging.LogRecord) -> bool:
+  """Orbax warns on every read-only manager that it is read-only and which options that turns
+  off: every `load` and eval would print them, though read-only is what the reader asked for."""
+  return not str(record.msg).startswith(("CheckpointManagerOptions.read_only=True",
+                                         "Given directory is read only"))
+
+
+logging.getLogger("absl").addFilter(_drop_read_only_notices)
+
 UNVERIFIED = "unverified"  # verify(): the step has no checksums
 CHECKSUMS = "lineax_checksums.json"  # in each step directory, written once the save has finished
 SET_ASIDE = "checkpoints-set-aside"  # beside `checkpoints/`: Orbax wants no extra folders inside it
@@ -164,8 +174,11 @@ def verify(mngr: Manager, step: int) -> str | None:
 def reader(workdir) -> Manager:
   """A read-only manager of `<workdir>/checkpoints` for inference: `restore(..., params_only=True)`
   reads the parameters of a step and nothing else (no optimizer state, no data iterator)."""
+  # Every item a step holds has its handler, or Orbax warns at each read that "data" could not be
+  # restored (params_only never restores it).
   return Manager(checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(read_only=True),
                  item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                                "data": grain.checkpoint.CheckpointHandler(),
                                 "config": ocp.JsonCheckpointHandler()})
 
 

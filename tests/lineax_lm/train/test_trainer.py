@@ -168,6 +168,15 @@ def test_profile_steps_write_a_summary(clean_run):
   assert summary.startswith("steps 2..3: host wall") and "no device events" in summary  # CPU
 
 
+def test_loading_a_run_for_inference_prints_no_library_warnings(clean_run, caplog):
+  import lineax_lm
+  _, workdir, _ = clean_run
+  with caplog.at_level("WARNING"):
+    loaded = lineax_lm.load(workdir)
+  assert loaded.step == 6
+  assert [r.getMessage() for r in caplog.records if r.levelno >= 30] == []
+
+
 @pytest.mark.parametrize("source", ["mqar", "text"])
 def test_prefetched_batches_keep_the_checkpoint_position(source):
   """The trainer's iterator packs batches ahead in a thread; its state is that of the batches
