@@ -15,12 +15,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The test extra brings libtpu (TPU compiles without a TPU), which makes jax look for a TPU and warn
-# at start-up on a host without one: where no accelerator device node exists, the CPU is the platform.
-CPU_ONLY := $(if $(wildcard /dev/accel* /dev/nvidia0),,JAX_PLATFORMS=$${JAX_PLATFORMS:-cpu})
-
 demo: $(STAMP)
-	$(CPU_ONLY) $(PY) -m lineax_lm.demo --workdir runs/demo
+	$(PY) -m lineax_lm.demo --workdir runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 tests

@@ -8,7 +8,10 @@ main(argv) can be called twice in one process (tests, notebooks) and two command
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -35,8 +38,30 @@ def parse(define: Callable[[flags.FlagValues, list[str]], None], argv: Sequence[
   if len(rest) > 1:  # absl passes on what is not a flag: an unquoted value with a space, say
     sys.exit(f"error: unexpected argument(s) {rest[1:]}: every argument is a --flag (quote a value "
              "that holds spaces or a glob the shell would expand: --paths='data/*.txt')")
-  quiet_library_logs()
+  prepare()
   return flag_values
+
+
+def prepare() -> None:
+  """What every command does once its flags are parsed, before it touches a device."""
+  quiet_library_logs()
+  cpu_without_accelerator()
+
+
+def cpu_without_accelerator() -> None:
+  """Makes the CPU jax's platform where libtpu is installed (the `tpu_aot` extra compiles for TPUs
+  that are not here) but no TPU device node and no CUDA plugin exists: jax would otherwise look
+  for a TPU at start-up, ~20 s of metadata-server timeouts and a warning, on every command. An
+  explicit JAX_PLATFORMS (or jax_platforms) wins; child processes inherit the choice. Call before
+  anything touches a backend."""
+  import jax
+  if jax.config.jax_platforms or not importlib.util.find_spec("libtpu"):
+    return
+  tpu_nodes = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*")
+  cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  if not tpu_nodes and not cuda:
+    jax.config.update("jax_platforms", "cpu")
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def quiet_library_logs() -> None:

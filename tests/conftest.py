@@ -1,8 +1,6 @@
 """Test setup: 8 fake CPU devices for the sharding tests, GPU tests only where a GPU is, TPU
 compiles (`tpu_aot`) only where libtpu is installed."""
-import glob
 import importlib.metadata
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -44,18 +42,14 @@ _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
   os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / _workers:.3f}")
 
-# libtpu (the `tpu_aot` extra, which compiles for TPUs that are not here) makes jax look for a TPU at
-# start-up, ~20 s of metadata-server timeouts on a host without one; with no TPU device node and no
-# CUDA plugin, the CPU is the only backend there is.
-_TPU_NODES = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*")
-_CUDA = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-if importlib.util.find_spec("libtpu") and not _TPU_NODES and not _CUDA:
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from lineax_lm.cli import cpu_without_accelerator  # noqa: E402
+
 from pallas_kernels.tpu_aot import libtpu_missing  # noqa: E402
+
+cpu_without_accelerator()  # libtpu installed for the `tpu_aot` tests, no TPU here: the CPU
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,7 @@ from lineax_lm.train.__main__ import FLAGS, parse_flags  # the same --config / -
 def main(argv):
   del argv
   logging.getLogger("lineax_lm").setLevel(logging.INFO)
-  cli.quiet_library_logs()
+  cli.prepare()
   from lineax_lm.distill.pipeline import distill, format_summary
   summary = distill(FLAGS.config, FLAGS.workdir)
   name = summary["mixer"] + ("" if summary["attn_ratio"] == "pure" else f" ({summary['attn_ratio']})")

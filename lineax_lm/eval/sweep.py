@@ -180,6 +180,8 @@ def main(argv):
   from absl import logging as absl_logging
   FLAGS = flags.FLAGS
   absl_logging.set_verbosity(absl_logging.WARNING)       # orbax logs every save at INFO
+  from lineax_lm import cli
+  cli.prepare()
   results = run_sweep(FLAGS.config, FLAGS.workdir, only=FLAGS.only)
   print(write_results(results, FLAGS.workdir))
   print(f"tables and plots in {FLAGS.workdir}")

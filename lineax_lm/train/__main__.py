@@ -124,6 +124,7 @@ def parse_flags(argv):
 
 
 def main(argv):
+  cli.prepare()
   if len(argv) > 1:  # absl passes on what is not a flag: an unquoted path with a space, say
     sys.exit(f"error: unexpected argument(s) {argv[1:]}: every argument is a --flag (quote a value "
              "that holds spaces, e.g. --workdir='runs/my run')")
@@ -140,7 +141,6 @@ def main(argv):
     check_config(FLAGS.config)  # before the mesh is built: `mesh.fsdp=0` would divide by zero there
   except ValueError as e:
     sys.exit(f"error: {e}")
-  cli.quiet_library_logs()
   train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
