@@ -3,7 +3,7 @@ throughput and peak memory of fla's GatedDeltaNetForCausalLM and HF's LlamaForCa
 way lineax_lm's step trains (float32 weights, bf16 autocast, fused AdamW, clipping at 1.0) on random
 tokens, written as JSON for train_step.py to print beside ours.
 
-    python benchmarks/torch_train_step.py --out DIR [--long] [--batch 8 --seq 4096] [--steps 10]
+    python benchmarks/torch_train_step.py --out DIR [--long] [--batch 8 --seq 4096] [--steps 10] [--remat]
                                                      # writes DIR/torch_train_step.json
 
 Models: fla's 340M Gated DeltaNet configuration (hidden 1024, 24 layers, 4 heads x 256, expand_v 2,
@@ -58,11 +58,13 @@ MODELS = {"hf_llama_sdpa": hf_llama, "fla_gated_deltanet_340m": fla_gated_deltan
 
 
 def measure(build, batch: int, seq: int, warmup: int, steps: int, profile: int = 0,
-            table_path: str = "") -> dict:
+            table_path: str = "", remat: bool = False) -> dict:
   torch.cuda.empty_cache()
   torch.cuda.reset_peak_memory_stats()
   started = time.perf_counter()
   model = build(seq).cuda().float().train()
+  if remat:  # each layer's activations recomputed in the backward (lineax_lm's remat="full")
+    model.gradient_checkpointing_enable()
   params = sum(p.numel() for p in model.parameters())
   opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
                           weight_decay=0.1, fused=True)
@@ -112,6 +114,8 @@ def main():
   p.add_argument("--profile", type=int, default=0,
                  help="a torch.profiler trace of this many more steps a model: its busy time, and "
                  "the per-kernel table in torch_<model>.kernels.txt beside the JSON")
+  p.add_argument("--remat", action="store_true",
+                 help="gradient checkpointing on every layer (what lineax_lm's remat=full does)")
   p.add_argument("--models", default=",".join(MODELS),
                  help="comma-separated, run in this order (HF Llama first by default: it needs no "
                  "autotuning, so a time limit that stops fla's still leaves its row)")
@@ -127,7 +131,7 @@ def main():
   for name in a.models.split(","):
     try:
       result["models"][name] = measure(MODELS[name], batch, seq, a.warmup, a.steps, a.profile,
-                                        os.path.join(a.out, f"torch_{name}.kernels.txt"))
+                                        os.path.join(a.out, f"torch_{name}.kernels.txt"), a.remat)
     except Exception as e:
       result["models"][name] = dict(error=f"{type(e).__name__}: {e}",
                                     traceback=traceback.format_exc()[-4000:])

@@ -157,7 +157,7 @@ FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_aut
 
 
 def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profile: int = 0,
-              models: str | None = None) -> str:
+              models: str | None = None, remat: bool = False) -> str:
   """benchmarks/torch_train_step.py in a subprocess (at most `timeout` seconds) over Triton's cache
   seeded from FLA_AUTOTUNE; the cache's autotune results afterwards go to out/fla_autotune.tgz."""
   script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
@@ -170,7 +170,8 @@ def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profil
   try:
     subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
                     "--steps", str(steps), "--profile", str(profile)]
-                   + (["--models", models] if models else []), check=False, env=env, timeout=timeout)
+                   + (["--models", models] if models else []) + (["--remat"] if remat else []),
+                   check=False, env=env, timeout=timeout)
   except subprocess.TimeoutExpired:
     print(f"torch_train_step.py stopped after {timeout:.0f} s (fla still autotuning?)", flush=True)
   tuned = [os.path.join(d, f) for d, _, files in os.walk(cache) for f in files
@@ -233,7 +234,7 @@ def main():
     a.batch, a.seq = 1, 32768
   if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
     a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)),
-                        a.torch_timeout, a.profile, a.torch_models)
+                        a.torch_timeout, a.profile, a.torch_models, remat=a.remat != "none")
   specs = a.presets.split(",")
   if len(specs) > 1:
     rows = run_each_in_process(a, specs)
