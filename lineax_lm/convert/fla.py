@@ -138,7 +138,9 @@ FLA_TYPES = {
         "hgrn2", "HGRN2ForCausalLM",
         options=(("expand_ratio", "expand_ratio", 128), ("use_short_conv", "use_short_conv", False),
                  ("conv_size", "conv_size", 4)),
-        fixed=dict(conv_bias=False),
+        # fla's HGRN-2 layer applies its output norm through rms_norm_linear without the norm's eps:
+        # that function's default, 1e-5, whatever norm_eps says (the blocks' norms use norm_eps)
+        fixed=dict(conv_bias=False, norm_eps=1e-5),
         checks=dict(use_lower_bound=_equal(True), **_AFFINE),
         ignored=("num_heads",),  # read only when expand_ratio is None (_hgrn2_expand_ratio)
         output_norm=lambda fields: "g_norm"),

@@ -25,10 +25,13 @@ CASES = [(m, r) for m in MIXERS for r in (("transformer",) if m == "transformer"
 
 
 def fla_config(mixer: str, attn_ratio: str = "pure", **kw):
-  """tests' tiny config of `mixer` at 4 layers, with GLA's gate rank at fla's fixed 16."""
+  """tests' tiny config of `mixer` at 4 layers, with GLA's gate rank at fla's fixed 16 and HGRN-2's
+  output norm eps at fla's fixed 1e-5."""
   config = tiny_config(mixer, num_layers=4, attn_ratio=attn_ratio, **kw)
   if mixer == "gla":
     config = config.replace(mixer_cfg=dict(num_heads=2))
+  if mixer == "hgrn2":
+    config = config.replace(mixer_cfg={**dict(config.mixer_cfg), "norm_eps": 1e-5})
   return config
 
 
@@ -270,6 +273,8 @@ def test_export_refuses_what_fla_cannot_express(tmp_path):
     fla.to_fla(HybridLM(tiny_config("simple_gla"), nnx.Rngs(0)), tmp_path)
   with pytest.raises(ValueError, match="mixer option gate_low_rank_dim is 8 here, 16 in fla"):
     fla.config_to_fla(tiny_config("gla"))
+  with pytest.raises(ValueError, match="mixer option norm_eps is 1e-06 here, 1e-05 in fla"):
+    fla.config_to_fla(tiny_config("hgrn2", norm_eps=1e-6))
   with pytest.raises(ValueError, match="attention option use_short_conv is True here, False in fla"):
     fla.config_to_fla(fla_config("gated_deltanet", "3:1", attn_short_conv=True))
   with pytest.raises(ValueError, match="linear_mlp_hidden is 128 here, 64 in fla"):

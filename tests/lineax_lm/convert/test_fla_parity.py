@@ -28,13 +28,6 @@ EXPECTED = ("gla", "gla_hybrid", "gated_deltanet", "gated_deltanet_hybrid", "del
             "transformer")
 RTOL = 1e-4
 MAKE = "benchmarks/make_fla_fixtures.py"
-# Known differences from fla, each a failure that must stay a failure until fixed (strict xfail).
-KNOWN = {
-    "hgrn2_hybrid": "HGRN-2's logits differ from fla's by up to 2e-5 of the largest logit in the "
-                    "pure model and 2.9e-4 in this hybrid (14 of 4,096 logits past 1e-4); not from "
-                    "the backend (the float32 reference scan gives the same) nor from k = 1 - exp(g) "
-                    "(fla's form, tried): the cause is not found yet",
-}
 
 
 def test_fixture_set():
@@ -46,8 +39,7 @@ def test_fixture_set():
   assert not set(present) - set(EXPECTED), f"fixtures not in EXPECTED: {set(present) - set(EXPECTED)}"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True))
-                                  if n in KNOWN else n for n in EXPECTED])
+@pytest.mark.parametrize("name", EXPECTED)
 def test_logits_and_greedy_tokens_match_fla(name):
   folder = FIXTURES / name
   assert (folder / "reference.safetensors").exists(), (
