@@ -32,6 +32,29 @@ layer calls flash_attn, which the host lacks: a stand-in module computes its two
 torch's scaled_dot_product_attention in float32 (its math backend; causal and window masks
 aligned as flash_attn aligns them), installed in this process only.
 
+On a CPU (no GPU): `--device cpu` runs fla's Triton kernels under Triton's interpreter
+(TRITON_INTERPRET=1, set by the script before triton is imported) with a CPU build of torch, in a
+venv of its own:
+
+    python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch triton \
+        transformers==5.17.0 einops safetensors
+    /tmp/torchenv/bin/pip install --no-deps .whl/flash_linear_attention-0.6.0-*.whl \
+        .whl/fla_core-0.6.0-*.whl
+    /tmp/torchenv/bin/python benchmarks/make_fla_fixtures.py --device cpu --out DIR --only NAMES
+
+No CUDA is needed (the flash_attn stand-in serves the hybrids here too). fla's own device
+detection falls back to "cpu" without a GPU driver; the one change made to what fla runs is to
+Triton's autotuner, which cannot time configs without a driver: each autotuned kernel runs the
+first of its configs (the configs of the kernels these forwards take differ in launch settings,
+which the interpreter does not model, or in how many rows or channels one program takes, which
+changes no row's or channel's arithmetic). fla's math is unchanged: `--compare --out DIR`
+recomputes the logits and greedy tokens of the fixtures in DIR on --device from their saved
+weights and prints how far they are from the saved ones (the GPU-made gla, gated_deltanet and
+hgrn2_hybrid fixtures recomputed on the CPU: logits within 3.5e-6 of the largest logit, greedy
+tokens equal). The interpreter is slow: a fixture's 17 forwards take one to several minutes on
+two busy cores. Fixtures made on the CPU differ from GPU-made ones in their random weights
+(torch's CPU and CUDA generators differ), not in how fla computes.
+
 Weights: fla's initialisation with initializer_range 0.2 (at 0.02 the tiny models' logits are all
 ~0 and ties decide greedy tokens), then every parameter plus normal(0, 0.1) noise, so that norms,
 biases, HGRN's lower bounds and the other constant-initialised parameters are exercised too.
@@ -144,12 +167,23 @@ def install_flash_attn_stand_in():
   sys.modules["flash_attn"] = module
 
 
-def import_fla():
-  """fla 0.6.0 with the flash_attn stand-in; exits with the reason when fla or torch is missing."""
+def import_fla(device: str = "cuda"):
+  """fla 0.6.0 with the flash_attn stand-in; exits with the reason when fla or torch is missing.
+  device "cpu": fla's Triton kernels under Triton's interpreter, each autotuned kernel on its first
+  config (the interpreter has no driver to time them with)."""
+  if device == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
   try:
     import torch  # noqa: F401
   except ImportError:
     sys.exit("make_fla_fixtures.py needs torch (the GPU host has it)")
+  if device == "cpu":
+    try:
+      from triton.runtime import autotuner
+    except ImportError:
+      sys.exit("make_fla_fixtures.py --device cpu needs triton (pip install triton)")
+    prune = autotuner.Autotuner.prune_configs
+    autotuner.Autotuner.prune_configs = lambda self, kwargs: prune(self, kwargs)[:1]
   install_flash_attn_stand_in()
   try:
     import fla
@@ -178,13 +212,7 @@ def make_fixture(name: str, fields: dict, out: str, device: str, command: str) -
       p.add_(torch.randn_like(p) * 0.1)
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, VOCAB, (BATCH, TOKENS), generator=gen).to(device)
-    logits = model(input_ids=input_ids, use_cache=False).logits.float()
-    ids, margins = input_ids[:, :PROMPT], []
-    for _ in range(NEW_TOKENS):
-      last = model(input_ids=ids, use_cache=False).logits[:, -1].float()
-      top2 = last.topk(2, dim=-1).values
-      margins.append(float((top2[:, 0] - top2[:, 1]).min()))
-      ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)
+  logits, ids, margins = run_fla(model, input_ids)
   folder = os.path.join(out, name)
   model.save_pretrained(folder)  # safetensors: the default of transformers >= 4.35
   save_file({"input_ids": input_ids.cpu().contiguous(), "logits": logits.cpu().contiguous(),
@@ -192,7 +220,8 @@ def make_fixture(name: str, fields: dict, out: str, device: str, command: str) -
              "greedy_ids": ids[:, PROMPT:].cpu().contiguous()},
             os.path.join(folder, "reference.safetensors"))
   meta = dict(fla=fla.__version__, torch=torch.__version__, transformers=transformers.__version__,
-              device=torch.cuda.get_device_name() if device == "cuda" else device,
+              device=(torch.cuda.get_device_name() if device == "cuda"
+                      else "CPU (Triton interpreter)"),
               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               command=command, min_greedy_margin=min(margins),
               mode="float32, torch.no_grad(), TF32 off: fla's fused_recurrent kernels (<= 64 tokens)")
@@ -201,30 +230,72 @@ def make_fixture(name: str, fields: dict, out: str, device: str, command: str) -
   return meta
 
 
+def run_fla(model, input_ids):
+  """fla's float32 logits of `input_ids` [B, T], and the greedy continuation of their first PROMPT
+  tokens (each step one full forward of the tokens so far): (logits, prompt + NEW_TOKENS ids,
+  the top-2 logit gap of each greedy step)."""
+  import torch
+  with torch.no_grad():
+    logits = model(input_ids=input_ids, use_cache=False).logits.float()
+    ids, margins = input_ids[:, :PROMPT], []
+    for _ in range(NEW_TOKENS):
+      last = model(input_ids=ids, use_cache=False).logits[:, -1].float()
+      top2 = last.topk(2, dim=-1).values
+      margins.append(float((top2[:, 0] - top2[:, 1]).min()))
+      ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)
+  return logits, ids, margins
+
+
+def compare_fixture(folder: str, device: str) -> str:
+  """fla's logits and greedy tokens recomputed on `device` from fixture `folder`'s saved weights,
+  against the saved ones: a line with the largest logit difference relative to the largest logit."""
+  import torch
+  from safetensors.torch import load_file
+  from transformers import AutoModelForCausalLM
+  model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+  ref = load_file(os.path.join(folder, "reference.safetensors"))
+  logits, ids, _ = run_fla(model, ref["input_ids"].to(device))
+  want = ref["logits"]
+  gap = float((logits.cpu() - want).abs().max() / want.abs().max())
+  same = torch.equal(ids[:, PROMPT:].cpu(), ref["greedy_ids"])
+  return (f"{os.path.basename(folder)}: logits within {gap:.2e} of the largest logit; greedy "
+          f"tokens {'equal' if same else 'DIFFER'}")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="folder that receives one folder per fixture")
   parser.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
+  parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                      help="cuda: fla's Triton kernels on the GPU; cpu: under Triton's interpreter")
+  parser.add_argument("--compare", action="store_true",
+                      help="recompute the fixtures already in --out from their saved weights and "
+                           "print how far fla's logits and greedy tokens on --device are from them")
   args = parser.parse_args()
-  import_fla()
+  import_fla(args.device)
   import torch
   torch.backends.cuda.matmul.allow_tf32 = False
   torch.backends.cudnn.allow_tf32 = False
   torch.set_float32_matmul_precision("highest")
-  if not torch.cuda.is_available():
-    sys.exit("make_fla_fixtures.py needs a GPU (fla's kernels are Triton kernels)")
+  if args.device == "cuda" and not torch.cuda.is_available():
+    sys.exit("make_fla_fixtures.py needs a GPU (fla's kernels are Triton kernels) or --device cpu")
   wanted = fixtures()
   only = [n for n in args.only.split(",") if n]
   unknown = sorted(set(only) - set(wanted))
   if unknown:
     sys.exit(f"unknown fixture(s) {unknown}; known: {sorted(wanted)}")
+  if args.compare:
+    for name in wanted:
+      if (not only or name in only) and os.path.isdir(os.path.join(args.out, name)):
+        print(compare_fixture(os.path.join(args.out, name), args.device), flush=True)
+    return
   command = "python3 " + " ".join(sys.argv)
   failed = []
   for name, fields in wanted.items():
     if only and name not in only:
       continue
     try:
-      meta = make_fixture(name, dict(fields), args.out, "cuda", command)
+      meta = make_fixture(name, dict(fields), args.out, args.device, command)
       gap = meta["min_greedy_margin"]
       print(f"{name}: written (smallest top-2 logit gap of the greedy steps {gap:.2e}"
             + ("; below 1e-3, float32 rounding may pick the other token)" if gap < 1e-3 else ")"),
