@@ -20,8 +20,13 @@ any config option whose value lineax_lm does not compute as fla does (an fla opt
 know at all included): a checkpoint loads as fla runs it or not at all. Writing stops on any
 lineax_lm option that fla's model of that type cannot express.
 
-fla's rwkv6 model is not read: its blocks are LayerNorm blocks with RWKV-6's channel-mixing
-feed-forward, which HybridLM (RMSNorm + SwiGLU blocks) does not have.
+fla's rwkv6 model is not read: its blocks are LayerNorm blocks (with biases, and one more LayerNorm
+before layer 0) with RWKV-6's channel-mixing feed-forward (token-shifted, squared ReLU, sigmoid
+receptance), which HybridLM (RMSNorm + SwiGLU blocks) does not have. Its time mixing is lineax_lm's
+RWKV6 mixer tensor for tensor: `attn.x_proj.0.{mu, linear.weight}` are `x_mu` and `x_down`,
+`attn.x_proj.2.weight` [D, 5 R], viewed [D, 5, R], is `x_up` [5, R, D] transposed,
+`attn.{r,k,v,g}_proj.linear.weight` and `attn.w_proj.linear.lora.{0,2}.*` are the projections,
+and `x_bias`, `bonus`, `g_norm` and `o_proj` keep their names.
 """
 from __future__ import annotations
 
