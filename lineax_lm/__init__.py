@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS = {
     "HybridLM": "lineax_lm.models.hybrid",
-    "ModelConfig": "lineax_lm.models.hybrid",
+    "ModelConfig": "lineax_lm.models.config",
     "init_model": "lineax_lm.models.hybrid",
     "abstract_model": "lineax_lm.models.hybrid",
     "generate": "lineax_lm.models.generate",

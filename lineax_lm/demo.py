@@ -21,7 +21,7 @@ from absl import flags
 
 from lineax_lm import cli
 from lineax_lm.extras import available
-from lineax_lm.models.hybrid import ModelConfig
+from lineax_lm.models.presets import model_config
 from lineax_lm.train.metrics import curve, read_rows
 from lineax_lm.train.trainer import Interrupted, raise_if_interrupted, train_and_evaluate
 
@@ -103,7 +103,7 @@ def main(argv=None):
     except Interrupted as stop:  # a signal ends the demo, not one model
       print(stop, flush=True)
       sys.exit(128 + stop.signal.value)
-    model = ModelConfig.from_config(config.model)
+    model = model_config(config.model)
     rows.append(dict(name=NAMES[variant], workdir=run_dir, layers=model.num_layers, attention=len(model.attention_indices),
                      params=summary["num_params"], accuracy=summary.get("eval_accuracy", float("nan")),
                      seconds=time.perf_counter() - start))

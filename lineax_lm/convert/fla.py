@@ -239,7 +239,7 @@ class _Fields:
 def config_from_fla(meta: dict, file="config.json", **overrides):
   """fla config.json values -> (lineax_lm ModelConfig, name of the mixers' output norm in fla).
   overrides: ModelConfig fields set besides (backend, dtype, param_dtype, ...)."""
-  from lineax_lm.models.hybrid import ModelConfig
+  from lineax_lm.models.config import ModelConfig
   model_type = meta.get("model_type")
   if model_type in UNSUPPORTED_TYPES:
     raise ValueError(f"{file}: fla model_type {model_type!r} is not supported: "

@@ -26,7 +26,8 @@ import optax
 from flax import nnx
 
 from lineax_lm.layers import Context
-from lineax_lm.models.hybrid import call_shared, make_packing
+from lineax_lm.models.compile import call_shared
+from lineax_lm.models.hybrid import make_packing
 
 F32 = jnp.float32
 

@@ -42,7 +42,8 @@ from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
 from lineax_lm.distill.student import init_student, linear_layers, student_config
 from lineax_lm.distill.teacher import save_safetensors_dir, teacher_from_checkpoint, tiny_teacher
 from lineax_lm.eval import report
-from lineax_lm.models.hybrid import ModelConfig, abstract_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import abstract_model
 from lineax_lm.train import checkpoint, metrics as metrics_lib
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Objective, Trainer, raise_if_interrupted, train_and_evaluate

@@ -36,7 +36,8 @@ import numpy as np
 from flax import nnx
 
 from lineax_lm.distill.teacher import with_values
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, init_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import HybridLM, init_model
 
 # mixer -> its config overrides, as a function of (heads H, head dim d, width D, rope theta).
 STUDENT_MIXER_CFG = {

@@ -31,7 +31,8 @@ from flax import nnx
 
 from lineax_lm.distill.checkpoints import TeacherCheckpoint
 from lineax_lm.distill.gguf_file import check_llama_params, llama_param_shapes
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import HybridLM, abstract_model
 
 _LAYER = {
     "input_layernorm.weight": (("attn_norm", "weight"), False),

@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model, init_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import HybridLM, abstract_model, init_model
 
 ADDITIVE = ("linear_attn", "retention", "simple_gla", "mamba2", "gla", "hgrn2", "rwkv6", "mlstm")
 DELTA = ("deltanet", "gated_deltanet", "kda")

@@ -31,8 +31,8 @@ import time
 import ml_collections
 
 from lineax_lm.eval import efficiency, report
-from lineax_lm.models.hybrid import ModelConfig, abstract_model
-from lineax_lm.models.presets import equal_state_mixer_cfg
+from lineax_lm.models.hybrid import abstract_model
+from lineax_lm.models.presets import equal_state_mixer_cfg, model_config
 
 def mixer_specs(sweep) -> list[tuple[str, dict]]:
   """(label, spec) pairs: the `mixers` entries, crossed with `ratios` when the sweep has them (label
@@ -75,7 +75,7 @@ def points(sweep) -> list[dict]:
 
 def point_costs(config) -> dict:
   """State size and token-mixing FLOPs per token of a point's model at its training length."""
-  model_cfg = ModelConfig.from_config(config.model)
+  model_cfg = model_config(config.model)
   L = config.data.seq_len
   cache = abstract_model(model_cfg).cache_bytes(L)
   costs = efficiency.model_costs(model_cfg, L)

@@ -204,7 +204,7 @@ def score_cell(cell_dir: str, size, config) -> dict:
   from lineax_lm.eval import efficiency, language, mqar, ruler
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
   from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
-  from lineax_lm.models.hybrid import ModelConfig
+  from lineax_lm.models.presets import model_config
 
   trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
   # Every scored row (perplexity windows, RULER prompts of every length, MQAR) padded to
@@ -232,7 +232,7 @@ def score_cell(cell_dir: str, size, config) -> dict:
   out["mqar"] = mq
   out["mqar_mean"] = float(np.mean([r["accuracy"] for r in mq])) if mq else None
   out["eval_seconds"] = round(time.time() - t, 1)
-  model_cfg = ModelConfig.from_config(run_config.model)
+  model_cfg = model_config(run_config.model)
   costs = [efficiency.model_costs(model_cfg, L) for L in size.efficiency_lengths]
   train_costs = efficiency.model_costs(model_cfg, run_config.data.seq_len // 2)
   per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]

@@ -46,8 +46,8 @@ import dataclasses
 
 import ml_collections
 
-from lineax_lm.models.hybrid import ModelConfig, effective_ratio
-from lineax_lm.models.presets import MIXER_SIZES
+from lineax_lm.models.placement import effective_ratio
+from lineax_lm.models.presets import MIXER_SIZES, model_config
 from lineax_lm.train.config import lm_config
 
 MIXERS = ("hgrn", "hgrn2", "retention", "gla", "deltanet", "gated_deltanet")
@@ -248,7 +248,7 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True,
 
 def placement(config) -> dict:
   """{"attn_layers", "attention_share", "effective_ratio"} of a cell's model."""
-  m = ModelConfig.from_config(config.model)
+  m = model_config(config.model)
   layers = m.attention_indices
   return dict(attn_layers=list(layers), attention_share=len(layers) / m.num_layers,
               effective_ratio=effective_ratio(m.num_layers, layers))

@@ -14,226 +14,24 @@ reset their state at each boundary (each row runs as one cu_seqlens sequence pac
 max_segments sequences; more than that under jit turns the logits into NaN: raise
 `max_segments`), the short convolutions stop at boundaries, attention masks across them, and RoPE
 positions restart at 0 unless `positions` are given.
+
+The fields are `ModelConfig`'s (config.py), the placement of attention placement.py's; the blocks
+run through compile.py's `call_shared` / `scan_blocks`.
 """
 from __future__ import annotations
-
-import dataclasses
-import functools
-import math
-import warnings
-from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, traverse_util
+from flax import nnx
 from jax import lax
 
-from lineax_lm.layers import (Context, LayerSpec, Packing, RMSNorm, SwiGLU, build_mixer,
-                              mixer_config, mlp_width)
-from lineax_lm.layers.common import (INIT_STD, cu_seqlens_from_starts, param,
-                                     recomputed_between_dots)
+from lineax_lm.layers import Context, Packing, RMSNorm, SwiGLU, build_mixer, mlp_width
+from lineax_lm.layers.common import cu_seqlens_from_starts, param, recomputed_between_dots
 from lineax_lm.models import generate as generation
+from lineax_lm.models.compile import call_shared, scan_blocks
+from lineax_lm.models.config import ModelConfig
 from pallas_kernels.common.varlen import sequence_index
-
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-RESIDUAL_INITS = ("normal", "rescale")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  vocab_size: int = 32000
-  num_layers: int = 24
-  hidden: int = 1024
-  heads: int = 16                          # attention heads
-  kv_heads: int | None = None              # attention key/value heads (GQA); None = heads
-  head_dim: int | None = None              # attention head dim; None = hidden // heads
-  mlp_hidden: int | None = None            # None: fla's rule, 8/3 hidden rounded up to 256
-  linear_mlp_hidden: int | None = None     # MLP width of the linear-mixer blocks (default mlp_hidden)
-  mixer: str = "gated_deltanet"            # the linear mixer (lineax_lm.layers.MIXERS)
-  mixer_cfg: Any = ()                      # overrides of the mixer's config (dict or item pairs)
-  attn_ratio: str = "pure"                 # "pure" | "transformer" | "attention" | "r:1"
-  attn_layers: tuple | None = None         # explicit attention layer indices (override attn_ratio)
-  window: int | None = None                # sliding window of the attention layers
-  attn_short_conv: bool = False            # short convolutions on the attention layers' q, k, v
-  rope_theta: float = 10000.0
-  attn_impl: str | None = None             # jax.nn.dot_product_attention implementation
-  norm_eps: float = 1e-6
-  tie_embeddings: bool = False
-  init_std: float = INIT_STD
-  # "rescale": the projections that write a block's branches into the residual stream (mixer
-  # o_proj, MLP down_proj) start at init_std / sqrt(2 * num_layers) (GPT-2's scheme, fla's
-  # prenorm_residual_strategy="rescale"); "normal": at init_std, as every other weight (fla's
-  # default)
-  residual_init: str = "normal"
-  remat: str = "none"                      # REMAT_POLICIES
-  dtype: str = "float32"                   # activations
-  param_dtype: str = "float32"
-  backend: str = "auto"                    # op backend for every mixer
-  max_segments: int = 16                   # packed sequences per row (static bound under jit)
-  scan_layers: bool = False                # training forward as a lax.scan over repeating blocks
-
-  def __post_init__(self):
-    items = self.mixer_cfg.items() if isinstance(self.mixer_cfg, Mapping) else self.mixer_cfg
-    object.__setattr__(self, "mixer_cfg", tuple(sorted(dict(items).items())))
-    if self.attn_layers is not None:
-      object.__setattr__(self, "attn_layers", tuple(int(i) for i in self.attn_layers))
-    if self.remat not in REMAT_POLICIES:
-      raise ValueError(f"`remat` must be one of {sorted(REMAT_POLICIES)}; got {self.remat!r}")
-    if self.residual_init not in RESIDUAL_INITS:
-      raise ValueError(f"`residual_init` must be one of {RESIDUAL_INITS}; got {self.residual_init!r}")
-    # The command line's range table (it imports this module: imported here, not at the top).
-    from lineax_lm.train.validation import check_model_config
-    check_model_config(self)
-    attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)  # validates
-
-  @classmethod
-  def from_config(cls, config) -> "ModelConfig":
-    """From an ml_collections ConfigDict (or any mapping) with a subset of the fields. A `preset`
-    key naming one of lineax_lm.models.presets.PRESETS starts from that preset; the other keys then
-    override it, except those left None (a preset-based config, lineax_lm.train.config.lm_config,
-    leaves every field it does not set None)."""
-    d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-    preset = d.pop("preset", None)
-    placement = d.pop("attn_placement", None) or "periodic"
-    if placement not in PLACEMENTS:
-      raise ValueError(f"`attn_placement` must be one of {PLACEMENTS}; got {placement!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"unknown model config key(s) {unknown}; known: {sorted(names)}")
-    if not preset:
-      return cls(**cls._placed(d, placement))
-    from lineax_lm.models.presets import get_preset  # presets import this module
-    overrides = {k: v for k, v in d.items() if v is not None and not (k == "mixer_cfg" and not v)}
-    base = get_preset(preset)
-    if "mixer_cfg" in overrides:  # options added to the preset's, not replacing them
-      overrides["mixer_cfg"] = {**dict(base.mixer_cfg), **dict(overrides["mixer_cfg"])}
-    if "attn_ratio" in overrides and "attn_layers" not in overrides:
-      overrides["attn_layers"] = None  # a preset's explicit layers give way to a ratio given here
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)} | overrides
-    return cls(**cls._placed(fields, placement))
-
-  @classmethod
-  def _placed(cls, fields: dict, placement: str) -> dict:
-    """ModelConfig `fields` with the ratio's layers listed by `spread_attention_layers` when
-    `placement` is "spread" (and no explicit attn_layers are given)."""
-    if placement == "spread" and fields.get("attn_layers") is None:
-      layers = fields.get("num_layers", cls.num_layers)
-      ratio = fields.get("attn_ratio", cls.attn_ratio)
-      return {**fields, "attn_layers": spread_attention_layers(layers, ratio)}
-    return fields
-
-  def replace(self, **kw) -> "ModelConfig":
-    return dataclasses.replace(self, **kw)
-
-  @property
-  def attention_indices(self) -> tuple:
-    return attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)
-
-  def layer_spec(self) -> LayerSpec:
-    # Nothing layer-specific: blocks of one kind are then identical up to their parameters, so
-    # they share one trace (call_shared).
-    # "rescale": the residual stream of a pre-norm stack starts as the sum of 2L branch outputs;
-    # scaled by 1/sqrt(2L) the sum starts at the variance of one branch, whatever the depth.
-    scale = 1 / math.sqrt(2 * self.num_layers) if self.residual_init == "rescale" else 1.0
-    return LayerSpec(self.hidden, jnp.dtype(self.dtype), jnp.dtype(self.param_dtype), self.init_std,
-                     scale)
-
-  def linear_mixer_config(self):
-    return mixer_config(self.mixer, **{"norm_eps": self.norm_eps, "backend": self.backend,
-                                       **dict(self.mixer_cfg)})
-
-  def attention_config(self):
-    return mixer_config("attention", num_heads=self.heads, num_kv_heads=self.kv_heads,
-                        head_dim=self.head_dim, rope_theta=self.rope_theta, window=self.window,
-                        attn_impl=self.attn_impl, use_short_conv=self.attn_short_conv,
-                        norm_eps=self.norm_eps, backend=self.backend)
-
-
-# How a ratio places its attention layers when a config section names `attn_placement`:
-# "periodic" (`attention_layers`, the default) or "spread" (`spread_attention_layers`).
-PLACEMENTS = ("periodic", "spread")
-
-
-def attention_layers(num_layers: int, attn_ratio: str = "pure", explicit=None) -> tuple:
-  """Indices of the attention layers. "r:1": r linear layers then one attention layer, repeated
-  (when num_layers < r + 1 the one attention layer is the last layer)."""
-  if explicit is not None:
-    bad = [i for i in explicit if not 0 <= i < num_layers]
-    if bad:
-      raise ValueError(f"`attn_layers` {bad} are outside 0..{num_layers - 1}")
-    return tuple(sorted(set(explicit)))
-  r = _ratio_linear_layers(attn_ratio)
-  if r == 0:
-    return ()
-  if r is None:
-    return tuple(range(num_layers))
-  period = r + 1
-  layers = tuple(i for i in range(num_layers) if i % period == period - 1) or (num_layers - 1,)
-  wanted = ratio_layer_count(num_layers, r)
-  if len(layers) != wanted:
-    warnings.warn(
-        f"attn_ratio {attn_ratio!r} at {num_layers} layers places {len(layers)} attention layer(s) "
-        f"{list(layers)} (effective {effective_ratio(num_layers, layers)}), where the ratio asks for "
-        f"{wanted}; ratios whose counts coincide at this depth give the same model. "
-        f"spread_attention_layers({num_layers}, {attn_ratio!r}) = "
-        f"{list(spread_attention_layers(num_layers, attn_ratio))} (pass it as attn_layers)",
-        stacklevel=2)
-  return layers
-
-
-def _ratio_linear_layers(attn_ratio: str) -> int | None:
-  """r of an "r:1" ratio (linear layers per attention layer); 0 for "pure" (no attention), None
-  for "transformer" (attention only). Raises for anything else."""
-  ratio = str(attn_ratio).strip().lower()
-  if ratio in ("pure", "none", "linear"):
-    return 0
-  if ratio in ("transformer", "attention", "all"):
-    return None
-  r, _, one = ratio.partition(":")
-  if one != "1" or not r.isdigit() or int(r) < 1:
-    raise ValueError(f"`attn_ratio` must be 'pure', 'transformer', 'attention' or 'r:1' with r >= 1 "
-                     f"(e.g. '3:1'); got {attn_ratio!r}")
-  return int(r)
-
-
-def ratio_layer_count(num_layers: int, r: int) -> int:
-  """The number of attention layers an "r:1" ratio asks for at `num_layers`: num_layers / (r + 1)
-  rounded to the nearest integer (halves up), at least 1."""
-  return min(num_layers, max(1, math.floor(num_layers / (r + 1) + 0.5)))
-
-
-def spread_attention_layers(num_layers: int, attn_ratio: str) -> tuple:
-  """Attention layers for `attn_ratio` that keep the asked share of attention at any depth:
-  n = `ratio_layer_count` layers, each the last layer of one of n equal stretches of the stack
-  (round((j + 1) num_layers / n) - 1). Where the periodic placement of `attention_layers` is exact
-  (3:1 at 24 layers: 3, 7, ..., 23) the two agree; at 24 layers "24:1", "12:1", "6:1", "3:1" give
-  1, 2, 3, 6 layers (effective 23:1, 11:1, 7:1, 3:1), where the periodic placement gives 1, 1, 3, 6.
-  "pure" and "transformer" are as in `attention_layers`."""
-  r = _ratio_linear_layers(attn_ratio)
-  if not r:  # "pure" (0) or "transformer" (None)
-    return attention_layers(num_layers, attn_ratio)
-  n = ratio_layer_count(num_layers, r)
-  return tuple(sorted({math.floor((j + 1) * num_layers / n + 0.5) - 1 for j in range(n)}))
-
-
-def effective_ratio(num_layers: int, attn_layers) -> str:
-  """The linear:attention ratio a placement has: "pure", "transformer", or "<linear / attention>:1"
-  (e.g. "7:1" for 3 attention layers of 24; fractions with up to two decimals)."""
-  n = len(set(attn_layers))
-  if n == 0:
-    return "pure"
-  if n == num_layers:
-    return "transformer"
-  return f"{round((num_layers - n) / n, 2):g}:1"
 
 
 def segment_ids_from_cu_seqlens(cu_seqlens, length: int):
@@ -288,65 +86,13 @@ class Block(nnx.Module):
     return self.mlp(self.mlp_norm(x))
 
 
-def call_shared(fn, module: nnx.Module, *args, remat: str | None = None):
-  """fn(module, *args) as a pure function of the module's state, jitted with the module's graphdef
-  as the cache key: identical layers (every linear block of a model, every teacher block) then share
-  one trace and one lowering. A 30-layer model lowers each Pallas kernel once instead of 30 times
-  (tracing and Triton lowering cost ~1 s a layer), and XLA inlines the calls, so the compiled
-  program is unchanged. fn: a module-level function (its identity is part of the key) that reads
-  the module's variables without updating them (updates would not be written back); remat: a
-  REMAT_POLICIES name, None for none."""
-  graphdef, state = nnx.split(module)
-  return _pure_call(fn, graphdef, remat, state, *args)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _pure_call(fn, graphdef, remat, state, *args):
-  def apply(state, *args):
-    return fn(nnx.merge(graphdef, state), *args)
-  if remat is not None:
-    apply = jax.checkpoint(apply, policy=REMAT_POLICIES[remat])
-  return apply(state, *args)
-
-
+# Module-level layer functions for call_shared and scan_blocks (their identity is the trace key).
 def _block_forward(block, x, cache, ctx, lower_bound):
   return block(x, cache, ctx, lower_bound)
 
 
-def _linear_dtypes(module: nnx.Module) -> dict:
-  """{path of an nnx.Linear's kernel or bias within `module`'s state: the Linear's compute dtype}:
-  the parameters a Linear casts to its compute dtype before use, so that casting them earlier
-  changes nothing."""
-  dtypes = {}
-  for path, sub in nnx.iter_graph(module):
-    if isinstance(sub, nnx.Linear) and sub.dtype is not None:
-      dtypes.update({(*path, "kernel"): sub.dtype, (*path, "bias"): sub.dtype})
-  return dtypes
-
-
-def scan_blocks(blocks: list, period: int, x, ctx, remat: str | None = None):
-  """The training forward of `blocks` (no cache, no lower bounds) as one lax.scan over the repeats
-  of a pattern of `period` blocks (1 for a pure model, 4 at "3:1"): XLA compiles the pattern once
-  instead of once per layer. The per-layer parameters are stacked along a new leading axis inside
-  the step (the parameter tree, and so checkpoints, are unchanged), the Linear weights already in
-  their compute dtype (the cast they get anyway, before a copy of half the size); the gradients
-  flow back through the stack into each layer's own leaves."""
-  repeats = len(blocks) // period
-  graphdefs, stacked = [], []
-  for j in range(period):
-    graphdefs.append(nnx.graphdef(blocks[j]))
-    dtypes = _linear_dtypes(blocks[j])
-    layers = [traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(blocks[j + r * period])))
-              for r in range(repeats)]
-    stacked.append({path: jnp.stack([layer[path].astype(dtypes.get(path, layer[path].dtype))
-                                     for layer in layers]) for path in layers[0]})
-
-  def body(x, params):
-    for j in range(period):
-      x, _ = _pure_call(_block_forward, graphdefs[j], remat,
-                        traverse_util.unflatten_dict(params[j]), x, None, ctx, None)
-    return x, None
-  return lax.scan(body, x, stacked)[0]
+def _block_training_forward(block, x, ctx):
+  return block(x, None, ctx)[0]
 
 
 class HybridLM(nnx.Module):
@@ -454,7 +200,7 @@ class HybridLM(nnx.Module):
     layer_caches = []
     period = self._scan_period() if cache is None else None
     if period is not None:
-      x = scan_blocks(list(self.blocks), period, x, ctx, remat)
+      x = scan_blocks(_block_training_forward, list(self.blocks), period, x, ctx, remat=remat)
     else:
       for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
         x, layer_cache = call_shared(_block_forward, block, x,

@@ -16,16 +16,22 @@ RetNet and mLSTM (mixers of 8 D^2 and 6 D^2) get a narrower MLP in their blocks 
 of the hybrids keep the standard one).
 
     python -m lineax_lm.models.presets            # per-component parameter counts of every preset
+
+`model_config(section)` reads a config file's model section (a preset and overrides) as a
+ModelConfig.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 
 from flax import nnx
 
 from lineax_lm.layers import LINEAR_MIXERS
-from lineax_lm.models.hybrid import ModelConfig, abstract_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import abstract_model
+from lineax_lm.models.placement import PLACEMENTS, spread_attention_layers
 
 SCALES = {
     "340m": dict(vocab_size=32000, num_layers=24, hidden=1024, heads=16, tie_embeddings=True),
@@ -101,6 +107,43 @@ def get_preset(name: str, **overrides) -> ModelConfig:
     raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
   return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
+
+
+def model_config(section) -> ModelConfig:
+  """The ModelConfig of a config file's model section: an ml_collections ConfigDict (or any
+  mapping) with a subset of ModelConfig's fields. A `preset` key naming one of PRESETS starts from
+  that preset; the other keys then override it, except those left None (a preset-based config,
+  lineax_lm.train.config.lm_config, leaves every field it does not set None). `attn_placement`
+  ("periodic" or "spread", `PLACEMENTS`) says how the ratio places its attention layers."""
+  d = dict(section.to_dict() if hasattr(section, "to_dict") else section)
+  preset = d.pop("preset", None)
+  placement = d.pop("attn_placement", None) or "periodic"
+  if placement not in PLACEMENTS:
+    raise ValueError(f"`attn_placement` must be one of {PLACEMENTS}; got {placement!r}")
+  names = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(d) - names)
+  if unknown:
+    raise ValueError(f"unknown model config key(s) {unknown}; known: {sorted(names)}")
+  if not preset:
+    return ModelConfig(**_placed(d, placement))
+  overrides = {k: v for k, v in d.items() if v is not None and not (k == "mixer_cfg" and not v)}
+  base = get_preset(preset)
+  if "mixer_cfg" in overrides:  # options added to the preset's, not replacing them
+    overrides["mixer_cfg"] = {**dict(base.mixer_cfg), **dict(overrides["mixer_cfg"])}
+  if "attn_ratio" in overrides and "attn_layers" not in overrides:
+    overrides["attn_layers"] = None  # a preset's explicit layers give way to a ratio given here
+  fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(ModelConfig)} | overrides
+  return ModelConfig(**_placed(fields, placement))
+
+
+def _placed(fields: dict, placement: str) -> dict:
+  """ModelConfig `fields` with the ratio's layers listed by `spread_attention_layers` when
+  `placement` is "spread" (and no explicit attn_layers are given)."""
+  if placement == "spread" and fields.get("attn_layers") is None:
+    layers = fields.get("num_layers", ModelConfig.num_layers)
+    ratio = fields.get("attn_ratio", ModelConfig.attn_ratio)
+    return {**fields, "attn_layers": spread_attention_layers(layers, ratio)}
+  return fields
 
 def _component(path: tuple) -> str:
   head = str(path[0])

@@ -26,7 +26,9 @@ from flax import nnx, traverse_util
 
 from lineax_lm import storage
 from lineax_lm.models.generate import check_rng, generate_ragged
-from lineax_lm.models.hybrid import HybridLM, ModelConfig, abstract_model
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import HybridLM, abstract_model
+from lineax_lm.models.presets import model_config
 
 log = logging.getLogger("lineax_lm")
 
@@ -147,7 +149,7 @@ def load_run(workdir, step: int | None = None) -> Pretrained:
   from lineax_lm.train.trainer import Trainer  # the trainer's state layout is the checkpoint's
   config = ml_collections.ConfigDict(checkpoint.restore_config(workdir, step))
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # any device count
-  model_cfg = ModelConfig.from_config(config.model)
+  model_cfg = model_config(config.model)
   trainer = Trainer(config, model_cfg, sharding.make_mesh(config.mesh))
   target = {"params": trainer.abstract_state()["params"]}
   mngr = checkpoint.reader(workdir)

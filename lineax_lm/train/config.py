@@ -49,8 +49,8 @@ def lm_config(preset: str = "", tokens: int = 0) -> ml_collections.ConfigDict:
 
   model   preset (required), and the fields a preset run may change: attn_ratio, attn_layers,
           attn_placement ("spread", the default here: the ratio's share of attention at any depth,
-          lineax_lm.models.hybrid.spread_attention_layers; "periodic": attention_layers), mixer_cfg
-          (options added to the preset's), dtype, param_dtype, backend, remat, attn_impl,
+          lineax_lm.models.placement.spread_attention_layers; "periodic": attention_layers),
+          mixer_cfg (options added to the preset's), dtype, param_dtype, backend, remat, attn_impl,
           scan_layers. A field left None keeps the preset's value.
   train   tokens: the budget; steps = tokens // (data.global_batch_size * data.seq_len), warmup
           1/32 of them, a checkpoint every quarter (all derived lazily: overriding tokens, the batch

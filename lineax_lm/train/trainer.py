@@ -31,7 +31,9 @@ from flax import nnx
 
 from lineax_lm import sharding, storage
 from lineax_lm.data.pipeline import data_vocab_size, make_dataset
-from lineax_lm.models.hybrid import ModelConfig, abstract_model, init_params
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import abstract_model, init_params
+from lineax_lm.models.presets import model_config
 from lineax_lm.train import checkpoint, losses, metrics as metrics_lib, optim
 from lineax_lm.train import distributed, lock, validation
 
@@ -66,7 +68,7 @@ def validate_config(config, mesh) -> ModelConfig:
   """Fails before anything compiles, naming the config field that is wrong."""
   validation.check_config(config)  # the range of every numeric field, and relations between fields
   try:
-    model_cfg = ModelConfig.from_config(config.model)
+    model_cfg = model_config(config.model)
     model_cfg.linear_mixer_config()  # unknown mixer / mixer option
   except ValueError as e:
     raise ValueError(f"config.model: {e}") from None

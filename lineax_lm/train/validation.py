@@ -17,7 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from lineax_lm.models.hybrid import ModelConfig
+from lineax_lm.models.config import ModelConfig
 from pallas_kernels.common import dispatch
 
 

@@ -22,7 +22,8 @@ from lineax_lm.data.pipeline import data_vocab_size, default_data_config, make_d
 from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill.gguf_file import read_gguf_llama
 from lineax_lm.distill.tokenizer import load_tokenizer_json
-from lineax_lm.models.hybrid import HybridLM, ModelConfig
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.hybrid import HybridLM
 from lineax_lm.models.pretrained import Pretrained, from_pretrained, save_pretrained
 from lineax_lm.train import validation
 from lineax_lm.train.config import base_config

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lineax_lm.models.hybrid import ModelConfig
+from lineax_lm.models.config import ModelConfig
 
 HIDDEN = 32
 # Per-mixer overrides that shrink fla's defaults to hidden 32 (2 heads of 16 where heads are set).

@@ -8,7 +8,7 @@ import pytest
 
 from lineax_lm.eval import efficiency, report, sweep
 from lineax_lm.eval.__main__ import main as eval_main
-from lineax_lm.models.hybrid import ModelConfig
+from lineax_lm.models.config import ModelConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 

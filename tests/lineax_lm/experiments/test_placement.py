@@ -5,8 +5,8 @@ import warnings
 import pytest
 
 from lineax_lm.experiments import sizes
-from lineax_lm.models.hybrid import (ModelConfig, attention_layers, effective_ratio,
-                                     spread_attention_layers)
+from lineax_lm.models.placement import attention_layers, effective_ratio, spread_attention_layers
+from lineax_lm.models.presets import model_config
 from lineax_lm.train.config import lm_config
 
 
@@ -42,7 +42,7 @@ def test_an_lm_config_names_a_preset_and_a_token_budget():
   c.model.attn_ratio = "12:1"
   with warnings.catch_warnings():
     warnings.simplefilter("error")                 # spread placement: no collapse, no warning
-    m = ModelConfig.from_config(c.model)
+    m = model_config(c.model)
   assert (m.mixer, m.hidden, m.num_layers, m.attn_layers) == ("gated_deltanet", 1024, 24, (11, 23))
   assert dict(m.mixer_cfg) == {"num_heads": 2, "head_dim": 256}
   assert c.train.steps == 1_048_576_000 // (256 * 2048) == 2000 and c.train.warmup_steps == 62
@@ -50,14 +50,14 @@ def test_an_lm_config_names_a_preset_and_a_token_budget():
   assert c.train.steps == 8000 and c.train.checkpoint_every == 2000
   c.model.attn_placement = "periodic"
   with pytest.warns(UserWarning, match="collapse|coincide"):
-    assert ModelConfig.from_config(c.model).attention_indices == (12,)
+    assert model_config(c.model).attention_indices == (12,)
   c.model.mixer_cfg = {"use_short_conv": False}
   c.model.attn_placement = "spread"
-  assert dict(ModelConfig.from_config(c.model).mixer_cfg)["num_heads"] == 2   # added, not replaced
+  assert dict(model_config(c.model).mixer_cfg)["num_heads"] == 2   # added, not replaced
   with pytest.raises(ValueError, match="unknown preset"):
-    ModelConfig.from_config({"preset": "nope"})
+    model_config({"preset": "nope"})
   with pytest.raises(ValueError, match="attn_placement"):
-    ModelConfig.from_config({"attn_placement": "random"})
+    model_config({"attn_placement": "random"})
 
 
 def test_grid_cells_and_only():
@@ -77,10 +77,10 @@ def test_grid_cells_and_only():
   assert sizes.cell_config(small, "gla", "6:1", seed=2).seed == 2
   c = sizes.cell_config(small, "hgrn2", "12:1", accelerator=True)
   assert sizes.placement(c) == dict(attn_layers=[11, 23], attention_share=2 / 24, effective_ratio="11:1")
-  m = ModelConfig.from_config(c.model)
+  m = model_config(c.model)
   assert (m.hidden, m.vocab_size, m.dtype, dict(m.mixer_cfg)) == (256, 259, "bfloat16", {"expand_ratio": 32})
   big = sizes.cell_config(sizes.get_size("340m"), "gla", "6:1")
-  assert ModelConfig.from_config(big.model).attn_layers == (7, 15, 23)
+  assert model_config(big.model).attn_layers == (7, 15, 23)
   assert big.train.steps == 20_000_000_000 // (256 * 2048)
 
 
@@ -90,7 +90,7 @@ def test_the_lm_config_file_takes_preset_overrides():
   root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
   c = load_config_file(os.path.join(root, "configs", "lm.py"))
   c.model.preset, c.model.attn_ratio, c.train.tokens = "gla_1.3b", "6:1", 2_097_152_000
-  m = ModelConfig.from_config(c.model)
+  m = model_config(c.model)
   assert (m.mixer, m.hidden, m.attn_layers, c.train.steps) == ("gla", 2048, (7, 15, 23), 4000)
   cell = load_config_file(os.path.join(root, "configs", "hybrid_study.py") + ":small,hgrn,24:1")
   assert sizes.placement(cell)["effective_ratio"] == "23:1" and cell.train.steps == 1920

@@ -1,39 +1,12 @@
-"""HybridLM: layer placement, packed == unpacked, an all-attention model is a Llama, generation."""
+"""HybridLM: packed == unpacked, an all-attention model is a Llama, generation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.models.hybrid import (HybridLM, ModelConfig, attention_layers, init_params,
-                                     make_packing, segment_ids_from_cu_seqlens)
+from lineax_lm.models.hybrid import HybridLM, init_params, make_packing, segment_ids_from_cu_seqlens
 from tests.lineax_lm.tiny import tiny_config, tokens
-
-
-def test_attention_placement():
-  assert attention_layers(24, "3:1") == tuple(range(3, 24, 4))
-  assert attention_layers(24, "6:1") == (6, 13, 20)
-  assert attention_layers(24, "12:1") == (12,)
-  assert attention_layers(24, "24:1") == (23,)  # fewer than r + 1 layers: the last one
-  assert attention_layers(24, "pure") == ()
-  assert attention_layers(5, "transformer") == attention_layers(5, "attention") == (0, 1, 2, 3, 4)
-  assert attention_layers(24, "3:1", [0, 5]) == (0, 5)
-  for bad in ("3:2", "x:1", "0:1", "half"):
-    with pytest.raises(ValueError, match="attn_ratio"):
-      attention_layers(24, bad)
-  with pytest.raises(ValueError, match="attn_layers"):
-    ModelConfig(num_layers=4, attn_layers=(4,))
-
-
-def test_config_from_ml_collections():
-  import ml_collections
-  cd = ml_collections.ConfigDict(dict(num_layers=4, hidden=64, mixer="gla", mixer_cfg={"num_heads": 2},
-                                      attn_ratio="3:1"))
-  cfg = ModelConfig.from_config(cd)
-  assert cfg.attention_indices == (3,) and dict(cfg.mixer_cfg) == {"num_heads": 2}
-  hash(cfg)
-  with pytest.raises(ValueError, match="hiden"):
-    ModelConfig.from_config({"hiden": 3})
 
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "mlstm"])

@@ -8,7 +8,7 @@ from flax import nnx
 
 from lineax_lm.models.cache import cache_bytes, cache_report, real_cache_bytes
 from lineax_lm.models.hybrid import HybridLM
-from lineax_lm.models.presets import PRESETS, count_params, format_counts, get_preset
+from lineax_lm.models.presets import PRESETS, count_params, format_counts, get_preset, model_config
 from tests.lineax_lm.tiny import tiny_config
 
 PRESETS_340M = sorted(n for n in PRESETS if n.endswith("_340m"))
@@ -63,3 +63,14 @@ def test_the_counting_command_takes_flags_and_names_an_unknown_preset(capsys):
   assert capsys.readouterr().out.startswith("gla_340m")
   with pytest.raises(SystemExit, match=r"^error: unknown preset 'nope'"):
     presets.main(["--presets=nope"])
+
+
+def test_config_from_ml_collections():
+  import ml_collections
+  cd = ml_collections.ConfigDict(dict(num_layers=4, hidden=64, mixer="gla", mixer_cfg={"num_heads": 2},
+                                      attn_ratio="3:1"))
+  cfg = model_config(cd)
+  assert cfg.attention_indices == (3,) and dict(cfg.mixer_cfg) == {"num_heads": 2}
+  hash(cfg)
+  with pytest.raises(ValueError, match="hiden"):
+    model_config({"hiden": 3})
