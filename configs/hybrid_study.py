@@ -13,7 +13,7 @@ The argument is "size,mixer,ratio" (sizes and cells: lineax_lm.experiments.sizes
 is the Transformer of a size. The token budget is `train.tokens` (steps follow from it). The data is
 the size's shipped corpus, as in the grid (`small`: corpora/smollm2_samples); 340m / 1.3b name theirs.
 """
-from lineax_lm.experiments import grid, sizes
+from lineax_lm.experiments import cells, sizes
 
 
 def get_config(arg: str = "small,gated_deltanet,3:1"):
@@ -26,5 +26,5 @@ def get_config(arg: str = "small,gated_deltanet,3:1"):
   if (mixer, ratio, 0) not in sizes.all_cells(sizes.SIZES["small"]):
     raise ValueError(f"no cell {mixer}:{ratio}; mixers {sizes.MIXERS}, ratios {sizes.RATIOS}")
   c = sizes.cell_config(sizes.get_size(size), mixer, ratio)
-  c.data.update(grid.corpus_data(grid.default_corpus(sizes.get_size(size))))
+  c.data.update(cells.corpus_data(cells.default_corpus(sizes.get_size(size))))
   return c

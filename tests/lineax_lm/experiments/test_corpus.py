@@ -63,7 +63,7 @@ def test_heldout_split_by_fraction_and_by_files(tmp_path):
 
 def test_pack_corpus_writes_gzip_shards_the_grid_reads(tmp_path):
   from lineax_lm.experiments import corpus as corpus_lib
-  from lineax_lm.experiments.grid import corpus_data
+  from lineax_lm.experiments.cells import corpus_data
   src = tmp_path / "src"
   src.mkdir()
   docs = [f"joined document {i} é" for i in range(10)]
@@ -94,14 +94,14 @@ def test_pack_corpus_writes_gzip_shards_the_grid_reads(tmp_path):
 
 
 def test_the_small_grid_reads_the_shipped_corpus_and_scores_on_its_heldout_file():
-  from lineax_lm.experiments import corpus as corpus_lib, grid
-  (cell,) = grid.build_cells("small", "gated_deltanet:3:1@0", accelerator=False)
+  from lineax_lm.experiments import cells, corpus as corpus_lib
+  (cell,) = cells.build_cells("small", "gated_deltanet:3:1@0", accelerator=False)
   folder = corpus_lib.shipped_corpus("smollm2_samples")
   data = cell["config"].data
   assert data.source == "jsonl" and data.paths == os.path.join(folder, "train-*.jsonl.gz")
   assert data.heldout_paths == os.path.join(folder, "heldout.jsonl.gz") and data.heldout_fraction == 0
   train = make_source(data, 0)
-  heldout = make_source(grid.heldout_config(cell["config"]), 0)
+  heldout = make_source(cells.heldout_config(cell["config"]), 0)
   assert len(train) == 746 and len(heldout) == 24     # corpora/smollm2_samples/README.md
   train_docs = {train[i] for i in range(len(train))}
   assert not train_docs & {heldout[i] for i in range(len(heldout))}   # never trained on

@@ -1,0 +1,110 @@
+"""The grid's plots: each claim's metric against the share of attention layers, held-out bits per
+byte against training FLOPs, and the training curves (matplotlib, an optional extra)."""
+from __future__ import annotations
+
+import os
+
+from lineax_lm.eval import report
+from lineax_lm.experiments import sizes as sizes_lib
+from lineax_lm.train import metrics as metrics_lib
+
+
+# Metrics against the share of attention layers: (result key, axis label, file) for the claims.
+SHARE_PLOTS = (
+    ("ruler_mean", "RULER-style mean", "recall_vs_attention.png"),                   # claim 2
+    ("mqar_mean", "MQAR mean", "mqar_vs_attention.png"),                             # claim 2
+    ("heldout_bits_per_byte", "held-out bits per byte", "quality_vs_attention.png"),  # claim 1
+)
+
+
+def write_plots(results: list[dict], out: str) -> None:
+  """SHARE_PLOTS: each metric against the share of attention layers, one line per mixer (the
+  Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte against
+  training FLOPs."""
+  share = "share of attention layers"
+  transformer = [r for r in results if r["mixer"] == "transformer"]
+  for key, label, name in SHARE_PLOTS:
+    rows = []
+    for r in results:
+      if r["mixer"] != "transformer":
+        rows.append({"mixer": r["label"], share: r["attention_share"], label: r.get(key)})
+        rows += [{"mixer": r["label"], share: 1.0, label: t.get(key)} for t in transformer]
+    rows = list({(x["mixer"], x[share]): x for x in rows}.values())
+    if rows:
+      report.line_plot(rows, x=share, y=label, group="mixer", path=os.path.join(out, name),
+                       title=f"{label} vs share of attention layers")
+  plt = report._pyplot()
+  write_quality_vs_flops(results, out, plt)
+  write_training_curves(results, out, plt)
+
+
+def write_quality_vs_flops(results: list[dict], out: str, plt) -> None:
+  """quality_vs_flops.png: held-out bits per byte against training FLOPs, a colour per mixer (the
+  SHARE_PLOTS' colours: the same grid order) and a marker per ratio, the Transformer a black star.
+  Thirty-one labelled points would overlap: the legends name them instead."""
+  from matplotlib.lines import Line2D
+  mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
+  markers = dict(zip(sizes_lib.RATIOS, "osD^v"))
+  fig, ax = plt.subplots(figsize=(8.5, 4.5))
+  for r in results:
+    if r.get("heldout_bits_per_byte") is None:
+      continue
+    if r["mixer"] == "transformer":
+      style = dict(color="black", marker="*", s=90)
+    else:
+      style = dict(color=f"C{mixers.index(r['mixer'])}", marker=markers[r["ratio"]], s=30)
+    ax.scatter(r["train_flops"], r["heldout_bits_per_byte"], **style)
+  point = lambda **kw: Line2D([], [], ls="", **kw)
+  by_mixer = [point(color=f"C{i}", marker="o", label=sizes_lib.label(m)) for i, m in enumerate(mixers)]
+  by_mixer.append(point(color="black", marker="*", markersize=10, label="Transformer"))
+  by_ratio = [point(color="gray", marker=markers[ratio], label=ratio) for ratio in sizes_lib.RATIOS]
+  ax.add_artist(ax.legend(handles=by_mixer, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)))
+  ax.legend(handles=by_ratio, fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0), title="ratio",
+            title_fontsize=7)
+  ax.set_xlabel("training FLOPs (forward + backward, estimated)")
+  ax.set_ylabel("held-out bits per byte (lower is better)")
+  ax.set_title("LM quality vs training compute")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.subplots_adjust(right=0.8)  # room for the legends
+  fig.savefig(os.path.join(out, "quality_vs_flops.png"), dpi=120)
+  plt.close(fig)
+
+
+def write_training_curves(results: list[dict], out: str, plt) -> None:
+  """training_curves.png: each cell's training loss against the step (its run/metrics.jsonl), a
+  panel per mixer with a line per ratio and the Transformer dashed in every panel. With a recall
+  mix the loss's sudden fall is where the cell learnt the lookup (MQAR's jump): the scores say
+  whether a cell recalls, the curves when it began to and how close a cell that did not came.
+  `results` in the grid's order (load_results), so a panel's lines run from 24:1 to pure."""
+  transformer = [r for r in results if r["mixer"] == "transformer"]
+  mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
+  if not mixers:
+    return
+  loss = {r["name"]: metrics_lib.curve(metrics_lib.read_rows(
+      os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss") for r in results}
+  cols = min(3, len(mixers))
+  rows = -(-len(mixers) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
+                           sharex=True, sharey=True)
+  for ax, mixer in zip(axes.flat, mixers):
+    for r in results:
+      if r["mixer"] == mixer:
+        # A ratio keeps its colour in every panel, also where a mixer lacks some ratios.
+        ax.plot(*loss[r["name"]], label=r["ratio"], lw=1.2,
+                color=f"C{sizes_lib.RATIOS.index(r['ratio'])}")
+    for r in transformer:
+      ax.plot(*loss[r["name"]], label="Transformer", color="black", ls="--", lw=1)
+    ax.set_title(sizes_lib.label(mixer), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  for ax in axes.flat[len(mixers):]:
+    ax.set_visible(False)
+  for ax in axes[-1]:
+    ax.set_xlabel("step")
+  for ax in axes[:, 0]:
+    ax.set_ylabel("training loss")
+  fig.suptitle("Training loss by mixer and ratio")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "training_curves.png"), dpi=120)
+  plt.close(fig)

@@ -1,0 +1,110 @@
+"""The scores of a trained cell (held-out perplexity and bits per byte, the RULER-style tasks, MQAR,
+efficiency) and of the positive control, a teacher scored on the same RULER-style tasks
+(`<out>/control.json`)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+from lineax_lm.eval import report
+from lineax_lm.experiments.cells import heldout_config
+
+
+def score_cell(cell_dir: str, size, config) -> dict:
+  """Loads the cell's trained model and scores it (see the module docstring)."""
+  import numpy as np
+  from lineax_lm.data.pipeline import make_source
+  from lineax_lm.eval import efficiency, language, mqar, ruler
+  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
+  from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
+  from lineax_lm.models.presets import model_config
+
+  trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
+  # Every scored row (perplexity windows, RULER prompts of every length, MQAR) padded to
+  # size.eval_length: one compiled program for the cell, where a small model's compile on a GPU
+  # costs far more than the padded compute.
+  model = Scorer(trained, size.eval_batch, min_length=size.eval_length or MIN_BUCKET)
+  tokenizer = data_tokenizer(run_config)
+  src = make_source(heldout_config(run_config), seed=0)
+  docs = [src[i] for i in range(min(len(src), size.ppl_documents))]
+  out = {}
+  t = time.time()
+  ppl = language.perplexity(model, tokenizer, docs, max_len=run_config.data.seq_len,
+                            batch_size=size.eval_batch)
+  out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
+             heldout_tokens=ppl["tokens"])
+  rows = ruler.evaluate_tasks(model if size.ruler_mode == "teacher_forced" else trained, tokenizer, tasks=list(size.ruler_tasks),
+                              lengths=size.ruler_lengths, num_examples=size.ruler_examples,
+                              mode=size.ruler_mode, batch_size=size.eval_batch)
+  out["ruler"] = rows
+  out.update(ruler.ruler_means(rows))
+  mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(
+      model, vocab_size=min(256, run_config.model.get("vocab_size") or 256), seq_len=L,
+      num_kv_pairs=n, num_examples=size.mqar_examples, batch_size=size.eval_batch))
+      for L, n in size.mqar]
+  out["mqar"] = mq
+  out["mqar_mean"] = float(np.mean([r["accuracy"] for r in mq])) if mq else None
+  out["eval_seconds"] = round(time.time() - t, 1)
+  model_cfg = model_config(run_config.model)
+  costs = [efficiency.model_costs(model_cfg, L) for L in size.efficiency_lengths]
+  train_costs = efficiency.model_costs(model_cfg, run_config.data.seq_len // 2)
+  per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]
+               + 2 * model_cfg.hidden * model_cfg.vocab_size)       # forward, causal mean context
+  out.update(params=costs[0]["params"],
+             train_flops=3.0 * per_token * run_config.train.steps * run_config.data.seq_len
+             * run_config.data.global_batch_size,
+             efficiency=[dict(context_len=c["context_len"], mixing_MFLOPs_per_token=c["mixing_flops"] / 1e6,
+                              decode_mixing_MFLOPs=c["decode_mixing_flops"] / 1e6,
+                              cache_MiB=c["cache_bytes"] / 2**20, kv_cache_MiB=c["kv_cache_bytes"] / 2**20,
+                              state_MiB=c["state_cache_bytes"] / 2**20) for c in costs])
+  return out
+
+
+CONTROL_FILE = "control.json"
+CONTROLS = {"smollm2": "SmolLM2-135M-Instruct, the distillation teacher (8k context, BPE tokens)",
+            "tiny": "the random tiny teacher (a control that must fail: for tests)"}
+
+
+def score_control(size, out: str, teacher: str = "smollm2") -> dict:
+  """The positive control of the recall tables: `teacher` (lineax_lm.experiments.corpus'
+  `load_sampling_teacher`) on the size's RULER-style tasks, lengths (in its own tokens) and scoring,
+  written to `<out>/control.json`. A trained model that must score above 0: while it does not, a
+  cell's 0 says nothing (claims.claim_recall)."""
+  from lineax_lm.eval import ruler
+  from lineax_lm.experiments.corpus import load_sampling_teacher
+  if teacher not in CONTROLS:
+    raise ValueError(f"`--control` must be one of {sorted(CONTROLS)}; got {teacher!r}")
+  with tempfile.TemporaryDirectory() as folder:   # the teacher's tokenizer files, read at once
+    model, tokenizer, _ = load_sampling_teacher(teacher, folder)
+  start = time.time()
+  rows = ruler.evaluate_tasks(model, tokenizer, tasks=list(size.ruler_tasks), lengths=size.ruler_lengths,
+                              num_examples=size.ruler_examples, mode=size.ruler_mode,
+                              batch_size=size.eval_batch)
+  result = dict(name=teacher, description=CONTROLS[teacher], settings=control_settings(size), ruler=rows,
+                **ruler.ruler_means(rows), eval_seconds=round(time.time() - start, 1))
+  report.write_json(os.path.join(out, CONTROL_FILE), result)
+  return result
+
+
+def control_settings(size) -> dict:
+  """The evaluation settings a control was scored under: a control of other settings is redone."""
+  return dict(tasks=list(size.ruler_tasks), lengths=list(size.ruler_lengths),
+              examples=size.ruler_examples, mode=size.ruler_mode)
+
+
+def ensure_control(size, out: str, teacher: str) -> dict:
+  """`<out>/control.json` when it holds `teacher` under the size's settings, else `score_control`."""
+  held = load_control(out)
+  if held and held["name"] == teacher and held.get("settings") == control_settings(size):
+    return held
+  return score_control(size, out, teacher)
+
+
+def load_control(out: str) -> dict | None:
+  path = os.path.join(out, CONTROL_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
