@@ -2,6 +2,9 @@
 
     summary = distill(config, workdir)        # config: lineax_lm.distill.config.distill_config()
 
+`Distillation(config, workdir)` holds what the stages share (the teacher, the student's config, the
+data, the mesh), built once; its methods run a stage, the evaluation and the maturity curve.
+
 Workdir layout (rerunning the same command resumes: a finished stage is skipped, an interrupted one
 continues from its last checkpoint, teacher samples are reused):
   teacher/                  the runlocal teacher as a HF safetensors directory
@@ -53,24 +56,10 @@ STAGES = ("layer", "block", "e2e", "sft")
 TRAINABLE = ("mixers", "linear_blocks", "all")
 
 
-@dataclasses.dataclass
-class Setup:
-  """What every stage shares."""
-  teacher: nnx.Module
-  teacher_cfg: ModelConfig
-  student_cfg: ModelConfig
-  data: ml_collections.ConfigDict       # the stages' data section (teacher samples by default)
-  heldout: str | None                   # held-out teacher samples (jsonl), None with other data
-  chat_system: str | None               # the SFT default system message (from the chat template)
-  mesh: jax.sharding.Mesh
-  folder: str                           # data folder: tokenizer, teacher samples, teacher_eval.json
-
-
 def stage_dir(workdir: str, stage: str) -> str:
   return os.path.join(workdir, f"{STAGES.index(stage) + 1}_{stage}")
 
 
-# ----------------------------------------------------------------------------- setup
 def load_teacher_checkpoint(config, workdir: str):
   """config.teacher -> TeacherCheckpoint (the tiny teacher is written as HF safetensors first)."""
   if config.teacher.tiny:
@@ -81,58 +70,10 @@ def load_teacher_checkpoint(config, workdir: str):
   return load_teacher(config.teacher.path or smollm2_gguf_path())
 
 
-def setup(config, workdir: str) -> Setup:
-  ckpt = load_teacher_checkpoint(config, workdir)
-  model_overrides = {k: v for k, v in config.model.to_dict().items() if v is not None}
-  teacher, teacher_cfg = teacher_from_checkpoint(ckpt, **model_overrides)
-  s = config.student
-  student_cfg = student_config(teacher_cfg, s.mixer, s.attn_ratio, s.mixer_cfg.to_dict(),
-                               attn_layers=s.attn_layers)
-  folder = config.samples.dir or os.path.join(workdir, "data")
-  data = ml_collections.ConfigDict(config.data.to_dict())
-  if not data.tokenizer:
-    if ckpt.tokenizer is None:
-      data.tokenizer = "byte"
-    else:
-      data.tokenizer = distill_data.write_tokenizer(ckpt.tokenizer, folder)
-  heldout = None
-  if not data.paths:
-    os.makedirs(folder, exist_ok=True)
-    stops = () if ckpt.tokenizer is None else (ckpt.tokenizer.bos_id, ckpt.tokenizer.eos_id)
-    paths = distill_data.ensure_teacher_samples(folder, teacher, data, config.samples, stops)
-    data.update(dict(source="jsonl", paths=paths["train"], text_field="text"))
-    heldout = paths["heldout"]
-  system = config.stages.sft.system
-  if system is None and ckpt.tokenizer is not None:
-    system = chat.chatml_system(ckpt.tokenizer.chat_template)
-  return Setup(teacher, teacher_cfg, student_cfg, data, heldout, system,
-               sharding.make_mesh(config.mesh), folder)
-
-
-# ----------------------------------------------------------------------------- stages
 def model_section(model_cfg: ModelConfig) -> ml_collections.ConfigDict:
   d = dataclasses.asdict(model_cfg)
   d["mixer_cfg"] = dict(model_cfg.mixer_cfg)
   return ml_collections.ConfigDict(d)
-
-
-def stage_config(config, stage: str, st: Setup) -> ml_collections.ConfigDict:
-  """The lineax_lm.train config of one stage: the student model, the data, the shared train section
-  with the stage's steps / lr / warmup_steps."""
-  s = config.stages[stage]
-  c = base_config()
-  c.seed = config.seed
-  c.model = model_section(st.student_cfg)
-  c.data = ml_collections.ConfigDict(st.data.to_dict())
-  if stage == "sft":
-    c.data.update(dict(paths=s.paths, text_field=s.field, seq_len=s.seq_len))
-  c.train = ml_collections.ConfigDict(config.train.to_dict())
-  c.train.update(dict(steps=s.steps, lr=s.lr, warmup_steps=s.warmup_steps))
-  if stage == "e2e" and config.curve.every > 0:  # the maturity curve's points: every one kept
-    c.train.update(dict(checkpoint_every=config.curve.every, keep_checkpoints=0))
-  c.eval.steps = 0
-  c.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
-  return c
 
 
 def trainable_filter(kind: str, model_cfg: ModelConfig):
@@ -148,57 +89,6 @@ def trainable_filter(kind: str, model_cfg: ModelConfig):
   return lambda path: path[0] == "blocks" and path[1] in linear
 
 
-def objective(config, stage: str, st: Setup, teacher_params, init_params) -> Objective:
-  s = config.stages[stage]
-  trainable = trainable_filter(s.trainable, st.student_cfg)
-  if stage == "sft":
-    if not s.paths:
-      raise ValueError("config.stages.sft.paths: the SFT stage needs chat JSON lines (a 'messages' "
-                       "list per line); set them or config.stages.sft.steps=0")
-    return Objective(init_params=init_params, trainable=trainable,
-                     dataset=functools.partial(chat.chat_dataset, default_system=st.chat_system))
-  graphdef = nnx.graphdef(st.teacher)
-  if stage in ("layer", "block"):
-    layers = linear_layers(st.student_cfg)
-    if not layers:
-      raise ValueError(f"config.student: stage {stage!r} needs linear layers; this student is all "
-                       "attention")
-    loss = losses.make_loss(stage, graphdef, layers=layers, relative=s.relative)
-  else:
-    loss = losses.make_loss(stage, graphdef, ce_weight=s.ce_weight, kl_weight=s.kl_weight,
-                            temperature=s.temperature)
-  return Objective(loss=loss, extra=teacher_params, init_params=init_params, trainable=trainable)
-
-
-def stage_params(config, stage: str, st: Setup, workdir: str, step: int | None = None):
-  """A function () -> the parameters that stage `stage` saved at `step` (None: its latest, the
-  final ones of a finished stage), restored with that stage's optimizer layout. The abstract state is built now, outside any mesh context (nnx would
-  read the logical axis names as mesh axes inside one); the restore happens when called."""
-  cfg = stage_config(config, stage, st)
-  trainable = trainable_filter(config.stages[stage].trainable, st.student_cfg)
-  abstract = Trainer(cfg, st.student_cfg, st.mesh, Objective(trainable=trainable)).abstract_state()
-
-  def restore():
-    with jax.set_mesh(st.mesh):
-      mngr = checkpoint.manager(stage_dir(workdir, stage))
-      try:
-        return checkpoint.restore(mngr, abstract, step=step)[0]["params"]
-      finally:
-        mngr.close()
-  return restore
-
-
-def finished(config, stage: str, workdir: str) -> bool:
-  directory = os.path.join(stage_dir(workdir, stage), "checkpoints")
-  if not os.path.isdir(directory):
-    return False
-  mngr = checkpoint.manager(stage_dir(workdir, stage))
-  try:
-    return mngr.latest_step() == config.stages[stage].steps
-  finally:
-    mngr.close()
-
-
 def place(tree, mesh):
   """Parameters on the mesh by their logical axes (as the trainer shards the student's)."""
   return jax.device_put(tree, sharding.state_shardings(tree, mesh))
@@ -211,52 +101,344 @@ def distill(config, workdir: str) -> dict:
   if negative:
     raise ValueError(f"{', '.join(negative)}: must be >= 0 (the stage's training steps; 0 skips it)")
   os.makedirs(workdir, exist_ok=True)
-  st = setup(config, workdir)
-  teacher_params = previous = None
-  trained = False
-  for stage in STAGES:
-    if config.stages[stage].steps <= 0:
-      continue
-    if finished(config, stage, workdir):
-      log.info("stage %s: finished earlier in %s, skipped", stage, stage_dir(workdir, stage))
-      previous = stage
-      continue
-    if teacher_params is None and stage != "sft":
-      teacher_params = place(nnx.state(st.teacher, nnx.Param), st.mesh)
-    if previous is None:
-      init = lambda: nnx.state(init_student(st.teacher, st.student_cfg, seed=config.student.seed,
-                                            conv_init=config.student.conv_init), nnx.Param)
+  return Distillation(config, workdir).run()
+
+
+class Distillation:
+  """One distillation run of `config` in `workdir`: what every stage shares, built once (the
+  teacher loaded, its samples and tokenizer written to the data folder on first use), and a method
+  per stage and per part of the evaluation."""
+
+  def __init__(self, config, workdir: str):
+    self.config, self.workdir = config, workdir
+    ckpt = load_teacher_checkpoint(config, workdir)
+    model_overrides = {k: v for k, v in config.model.to_dict().items() if v is not None}
+    self.teacher, teacher_cfg = teacher_from_checkpoint(ckpt, **model_overrides)
+    s = config.student
+    self.student_cfg = student_config(teacher_cfg, s.mixer, s.attn_ratio, s.mixer_cfg.to_dict(),
+                                      attn_layers=s.attn_layers)
+    # The data folder: tokenizer, teacher samples, teacher_eval.json.
+    self.folder = config.samples.dir or os.path.join(workdir, "data")
+    data = ml_collections.ConfigDict(config.data.to_dict())
+    if not data.tokenizer:
+      if ckpt.tokenizer is None:
+        data.tokenizer = "byte"
+      else:
+        data.tokenizer = distill_data.write_tokenizer(ckpt.tokenizer, self.folder)
+    self.heldout = None        # held-out teacher samples (jsonl), None with other data
+    if not data.paths:
+      os.makedirs(self.folder, exist_ok=True)
+      stops = () if ckpt.tokenizer is None else (ckpt.tokenizer.bos_id, ckpt.tokenizer.eos_id)
+      paths = distill_data.ensure_teacher_samples(self.folder, self.teacher, data, config.samples,
+                                                  stops)
+      data.update(dict(source="jsonl", paths=paths["train"], text_field="text"))
+      self.heldout = paths["heldout"]
+    self.data = data           # the stages' data section (teacher samples by default)
+    system = config.stages.sft.system
+    if system is None and ckpt.tokenizer is not None:
+      system = chat.chatml_system(ckpt.tokenizer.chat_template)
+    self.chat_system = system  # the SFT default system message (from the chat template)
+    self.mesh = sharding.make_mesh(config.mesh)
+
+  # --------------------------------------------------------------------------- stages
+  def stage_dir(self, stage: str) -> str:
+    return stage_dir(self.workdir, stage)
+
+  def stage_config(self, stage: str) -> ml_collections.ConfigDict:
+    """The lineax_lm.train config of one stage: the student model, the data, the shared train
+    section with the stage's steps / lr / warmup_steps."""
+    config, s = self.config, self.config.stages[stage]
+    c = base_config()
+    c.seed = config.seed
+    c.model = model_section(self.student_cfg)
+    c.data = ml_collections.ConfigDict(self.data.to_dict())
+    if stage == "sft":
+      c.data.update(dict(paths=s.paths, text_field=s.field, seq_len=s.seq_len))
+    c.train = ml_collections.ConfigDict(config.train.to_dict())
+    c.train.update(dict(steps=s.steps, lr=s.lr, warmup_steps=s.warmup_steps))
+    if stage == "e2e" and config.curve.every > 0:  # the maturity curve's points: every one kept
+      c.train.update(dict(checkpoint_every=config.curve.every, keep_checkpoints=0))
+    c.eval.steps = 0
+    c.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
+    return c
+
+  def objective(self, stage: str, teacher_params, init_params) -> Objective:
+    s = self.config.stages[stage]
+    trainable = trainable_filter(s.trainable, self.student_cfg)
+    if stage == "sft":
+      if not s.paths:
+        raise ValueError("config.stages.sft.paths: the SFT stage needs chat JSON lines (a "
+                         "'messages' list per line); set them or config.stages.sft.steps=0")
+      return Objective(init_params=init_params, trainable=trainable,
+                       dataset=functools.partial(chat.chat_dataset, default_system=self.chat_system))
+    graphdef = nnx.graphdef(self.teacher)
+    if stage in ("layer", "block"):
+      layers = linear_layers(self.student_cfg)
+      if not layers:
+        raise ValueError(f"config.student: stage {stage!r} needs linear layers; this student is all "
+                         "attention")
+      loss = losses.make_loss(stage, graphdef, layers=layers, relative=s.relative)
     else:
-      init = stage_params(config, previous, st, workdir)
-    log.info("stage %s: %d steps in %s", stage, config.stages[stage].steps, stage_dir(workdir, stage))
-    raise_if_interrupted(train_and_evaluate(stage_config(config, stage, st), stage_dir(workdir, stage),
-                                            objective(config, stage, st, teacher_params, init)),
-                         stage_dir(workdir, stage))
-    previous, trained = stage, True
-  if previous is None:
-    raise ValueError("config.stages: every stage has steps = 0; nothing to distil")
-  path, key = os.path.join(workdir, "eval.json"), eval_key(config, st)
-  if not trained and os.path.exists(path):  # nothing new since the last evaluation
-    with open(path, encoding="utf-8") as f:
-      summary = json.load(f)
-    if summary.get("eval_key") == key and summary.get("final_stage") == previous:
-      log.info("evaluation: unchanged since %s, reused", path)
-      return with_curve(config, st, workdir, summary)
-  student = nnx.merge(nnx.graphdef(abstract_model(st.student_cfg)),
-                      stage_params(config, previous, st, workdir)())
-  summary = evaluate(config, st, student)
-  summary.update(workdir=workdir, final_stage=previous, mixer=st.student_cfg.mixer,
-                 attn_ratio=st.student_cfg.attn_ratio, eval_key=key,
-                 train_tokens_per_s=train_speeds(workdir))
-  report.write_json(path, summary)
-  return with_curve(config, st, workdir, summary)
+      loss = losses.make_loss(stage, graphdef, ce_weight=s.ce_weight, kl_weight=s.kl_weight,
+                              temperature=s.temperature)
+    return Objective(loss=loss, extra=teacher_params, init_params=init_params, trainable=trainable)
+
+  def stage_params(self, stage: str, step: int | None = None):
+    """A function () -> the parameters that stage `stage` saved at `step` (None: its latest, the
+    final ones of a finished stage), restored with that stage's optimizer layout. The abstract
+    state is built now, outside any mesh context (nnx would read the logical axis names as mesh
+    axes inside one); the restore happens when called."""
+    trainable = trainable_filter(self.config.stages[stage].trainable, self.student_cfg)
+    abstract = Trainer(self.stage_config(stage), self.student_cfg, self.mesh,
+                       Objective(trainable=trainable)).abstract_state()
+
+    def restore():
+      with jax.set_mesh(self.mesh):
+        mngr = checkpoint.manager(self.stage_dir(stage))
+        try:
+          return checkpoint.restore(mngr, abstract, step=step)[0]["params"]
+        finally:
+          mngr.close()
+    return restore
+
+  def finished(self, stage: str) -> bool:
+    directory = os.path.join(self.stage_dir(stage), "checkpoints")
+    if not os.path.isdir(directory):
+      return False
+    mngr = checkpoint.manager(self.stage_dir(stage))
+    try:
+      return mngr.latest_step() == self.config.stages[stage].steps
+    finally:
+      mngr.close()
+
+  def initial_student(self) -> nnx.Module:
+    """The student before stage 1 (lineax_lm.distill.student.init_student)."""
+    s = self.config.student
+    return init_student(self.teacher, self.student_cfg, seed=s.seed, conv_init=s.conv_init)
+
+  def train_stages(self) -> tuple[str, bool]:
+    """Trains each stage with steps > 0 that is not finished, in order, each from the previous
+    stage's final parameters; returns (the last stage, whether any trained now)."""
+    config = self.config
+    teacher_params = previous = None
+    trained = False
+    for stage in STAGES:
+      if config.stages[stage].steps <= 0:
+        continue
+      if self.finished(stage):
+        log.info("stage %s: finished earlier in %s, skipped", stage, self.stage_dir(stage))
+        previous = stage
+        continue
+      if teacher_params is None and stage != "sft":
+        teacher_params = place(nnx.state(self.teacher, nnx.Param), self.mesh)
+      if previous is None:
+        init = lambda: nnx.state(self.initial_student(), nnx.Param)
+      else:
+        init = self.stage_params(previous)
+      log.info("stage %s: %d steps in %s", stage, config.stages[stage].steps, self.stage_dir(stage))
+      raise_if_interrupted(train_and_evaluate(self.stage_config(stage), self.stage_dir(stage),
+                                              self.objective(stage, teacher_params, init)),
+                           self.stage_dir(stage))
+      previous, trained = stage, True
+    if previous is None:
+      raise ValueError("config.stages: every stage has steps = 0; nothing to distil")
+    return previous, trained
+
+  def run(self) -> dict:
+    """The stages, then the evaluation (reused from eval.json when nothing trained since and its
+    settings are the same); returns its summary."""
+    final, trained = self.train_stages()
+    path, key = os.path.join(self.workdir, "eval.json"), self.eval_key()
+    if not trained:  # nothing new since the last evaluation: eval.json may still hold it
+      summary = _read_json(path)
+      if summary.get("eval_key") == key and summary.get("final_stage") == final:
+        log.info("evaluation: unchanged since %s, reused", path)
+        return self.with_curve(summary)
+    student = nnx.merge(nnx.graphdef(abstract_model(self.student_cfg)), self.stage_params(final)())
+    summary = self.evaluate(student)
+    summary.update(workdir=self.workdir, final_stage=final, mixer=self.student_cfg.mixer,
+                   attn_ratio=self.student_cfg.attn_ratio, eval_key=key,
+                   train_tokens_per_s=train_speeds(self.workdir))
+    report.write_json(path, summary)
+    return self.with_curve(summary)
+
+  def with_curve(self, summary: dict) -> dict:
+    """The summary with the maturity curve's rows (config.curve.every > 0; not part of eval.json)."""
+    if self.config.curve.every > 0:
+      summary = {**summary, "curve": self.maturity_curve()}
+    return summary
+
+  # --------------------------------------------------------------------------- evaluation
+  def perplexity(self, model, data_cfg) -> float:
+    """exp(mean next-token CE) of `model` over one pass of `data_cfg` in packed rows of
+    eval.seq_len (documents never see each other): one compiled step per model."""
+    e = self.config.eval
+    batches = _eval_batches(data_cfg, e.seq_len, e.batch_size)
+    if not batches:
+      raise ValueError(f"eval: {data_cfg.paths!r} holds less than one batch of {e.batch_size} rows "
+                       f"of {e.seq_len} tokens; lower config.eval.batch_size or seq_len")
+    cfg = base_config()
+    cfg.model, cfg.data = model_section(model.config), data_cfg
+    cfg.mesh = ml_collections.ConfigDict(self.config.mesh.to_dict())
+    trainer = Trainer(cfg, model.config, self.mesh)
+    with jax.set_mesh(self.mesh):
+      params = place(nnx.state(model, nnx.Param), self.mesh)
+      return math.exp(trainer.evaluate(params, batches)["eval_loss"])
+
+  def model_metrics(self, model, section=None) -> dict:
+    """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy},
+    "recall": {"mqar@length/kv": accuracy}, "forward_tokens_per_s": ...} under the evaluation
+    section `section` (default config.eval; the curve passes a lighter one)."""
+    from lineax_lm.eval import mqar, ruler  # lazy: the evaluation package is not needed to train
+    from lineax_lm.eval.scoring import Scorer
+    e = self.config.eval if section is None else section
+    out = {}
+    for name, data_cfg in self.eval_sets(e).items():
+      out[f"ppl_{name}"] = self.perplexity(model, data_cfg)
+    # Needles, recall and throughput through one scorer padded to eval.seq_len: one compiled
+    # forward for every length (causal models: right padding leaves the scored positions as they
+    # are).
+    scorer = Scorer(model, e.batch_size, min_length=e.seq_len)
+    if e.needle_examples:
+      rows = ruler.evaluate_tasks(scorer if e.needle_mode == "teacher_forced" else model,
+                                  make_tokenizer(self.data), e.needle_tasks,
+                                  lengths=tuple(e.needle_lengths), num_examples=e.needle_examples,
+                                  mode=e.needle_mode, batch_size=e.batch_size)
+      out["needle"] = {f"{r['task']}@{r['length']}": r["accuracy"] for r in rows}
+    if e.get("recall_examples"):
+      rows = mqar.mqar_grid(scorer, vocab_size=min(e.recall_vocab, model.config.vocab_size),
+                            seq_lens=tuple(e.recall_lengths), kv_pairs=tuple(e.recall_kv),
+                            num_examples=e.recall_examples, batch_size=e.batch_size)
+      out["recall"] = {f"mqar@{r['seq_len']}/{r['num_kv_pairs']}": r["accuracy"] for r in rows}
+    if e.get("throughput"):
+      out["forward_tokens_per_s"] = forward_tokens_per_s(scorer, e.seq_len)
+    return out
+
+  def eval_sets(self, section=None) -> dict:
+    """The evaluation texts: held-out teacher samples (with the default data) and the section's
+    text_paths (default section: config.eval)."""
+    e = self.config.eval if section is None else section
+    sets = {}
+    if self.heldout:
+      sets["teacher_samples"] = ml_collections.ConfigDict(dict(self.data.to_dict(),
+                                                               paths=self.heldout))
+    if e.text_paths:
+      sets["text"] = ml_collections.ConfigDict(dict(self.data.to_dict(), source="text",
+                                                    paths=e.text_paths, text_unit="file"))
+    return sets
+
+  def eval_key(self, section=None) -> str:
+    """What an evaluation depends on besides the model: the eval section (default config.eval),
+    the text sets and the scoring version."""
+    e = self.config.eval if section is None else section
+    return json.dumps([e.to_dict(), {k: v.to_dict() for k, v in self.eval_sets(e).items()},
+                       EVAL_VERSION], sort_keys=True, default=str)
+
+  def teacher_metrics(self, section=None) -> dict:
+    """The teacher's `model_metrics`, cached in `<data folder>/teacher_eval.json` per evaluation
+    setting, so students that share the data folder (the study's) evaluate the teacher once."""
+    key = self.eval_key(section)
+    cache_path = os.path.join(self.folder, "teacher_eval.json")
+    cache = _read_json(cache_path)
+    if key not in cache:
+      cache[key] = self.model_metrics(self.teacher, section)
+      os.makedirs(self.folder, exist_ok=True)
+      report.write_json(cache_path, cache)
+    return cache[key]
+
+  def evaluate(self, student) -> dict:
+    """Teacher vs student: perplexities, recovery ratios (teacher_ppl / student_ppl), needle and
+    recall accuracy with their score recoveries (student / teacher), forward tokens/s and, with
+    eval.lm_eval_tasks, lm-eval task scores for both."""
+    teacher, mine = self.teacher_metrics(), self.model_metrics(student)
+    summary = {}
+    for name in mine:
+      if name.startswith("ppl_"):
+        summary[name] = {"teacher": teacher[name], "student": mine[name]}
+        summary["recovery_" + name[4:]] = teacher[name] / mine[name]
+    for family in ("needle", "recall"):
+      if family in mine:
+        summary[family] = {"teacher": teacher[family], "student": mine[family]}
+        summary[f"recovery_{family}"] = score_recovery(teacher[family], mine[family])
+    if "forward_tokens_per_s" in mine:
+      summary["forward_tokens_per_s"] = {"teacher": teacher["forward_tokens_per_s"],
+                                         "student": mine["forward_tokens_per_s"]}
+    if self.config.eval.lm_eval_tasks:
+      summary["lm_eval"] = self.lm_eval_scores(student)
+    return summary
+
+  def lm_eval_scores(self, student) -> dict:
+    """lm-eval scores of teacher and student on eval.lm_eval_tasks in one call (the same tasks,
+    limit and adapter settings), with each metric's recovery = student / teacher."""
+    from lineax_lm.eval.lm_eval_adapter import evaluate_models
+    e = self.config.eval
+    results = evaluate_models({"teacher": self.teacher, "student": student},
+                              make_tokenizer(self.data), e.lm_eval_tasks, limit=e.lm_eval_limit,
+                              include_path=e.lm_eval_include_path or None, max_length=e.seq_len,
+                              batch_size=e.batch_size)
+    recovery = {task: {m: (v / results["teacher"][task][m] if results["teacher"][task][m] else None)
+                       for m, v in metrics.items()}
+                for task, metrics in results["student"].items()}
+    return {**results, "recovery": recovery}
+
+  # --------------------------------------------------------------------------- maturity curve
+  def maturity_curve(self) -> list[dict]:
+    """Rows {"e2e_step", "tokens", "recovery_teacher_samples", "recovery_needle", "needle": {...}}
+    for the start of the e2e stage (the block stage's final parameters, or the initial student)
+    and every checkpoint the finished e2e stage kept (config.curve.every); `tokens` counts every
+    stage's tokens up to that point. Each point is scored once (cached in <workdir>/curve.json, so
+    an interrupted curve resumes); curve.png is drawn when matplotlib is importable. [] without a
+    curve."""
+    config = self.config
+    if config.curve.every <= 0 or not self.finished("e2e"):
+      return []
+    section = curve_section(config)
+    key = self.eval_key(section)
+    path = os.path.join(self.workdir, "curve.json")
+    saved = _read_json(path)
+    points = saved.get("points", {}) if saved.get("key") == key else {}
+    mngr = checkpoint.manager(self.stage_dir("e2e"), keep=0)
+    try:
+      steps = sorted(mngr.all_steps())
+    finally:
+      mngr.close()
+    before = [s for s in ("layer", "block") if config.stages[s].steps > 0]
+    starts = {0: (before[-1], None) if before else (None, None), **{s: ("e2e", s) for s in steps}}
+    teacher = self.teacher_metrics(section)
+    graphdef = nnx.graphdef(abstract_model(self.student_cfg))
+    for step, (stage, at) in starts.items():
+      if str(step) in points:
+        continue
+      if stage is None:
+        model = self.initial_student()
+      else:
+        model = nnx.merge(graphdef, self.stage_params(stage, at)())
+      points[str(step)] = self.model_metrics(model, section)
+      report.write_json(path, {"key": key, "teacher": teacher, "points": points})
+    tokens_per_step = config.data.global_batch_size * config.data.seq_len
+    done = sum(config.stages[s].steps for s in before)
+    rows = []
+    for step in sorted(map(int, points)):
+      m = points[str(step)]
+      rows.append(dict(e2e_step=step, tokens=(done + step) * tokens_per_step,
+                       recovery_teacher_samples=(teacher["ppl_teacher_samples"]
+                                                 / m["ppl_teacher_samples"]
+                                                 if "ppl_teacher_samples" in m else None),
+                       recovery_needle=score_recovery(teacher.get("needle", {}),
+                                                      m.get("needle", {})),
+                       needle=m.get("needle", {})))
+    report.write_json(path, {"key": key, "teacher": teacher, "points": points, "rows": rows})
+    plot_curves({self.student_cfg.mixer: rows}, os.path.join(self.workdir, "curve.png"))
+    return rows
 
 
-def with_curve(config, st: Setup, workdir: str, summary: dict) -> dict:
-  """The summary with the maturity curve's rows (config.curve.every > 0; not part of eval.json)."""
-  if config.curve.every > 0:
-    summary = {**summary, "curve": maturity_curve(config, st, workdir)}
-  return summary
+# ----------------------------------------------------------------------------- helpers
+def _read_json(path: str) -> dict:
+  """The JSON object in `path`, {} when there is no such file."""
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
 def train_speeds(workdir: str) -> dict:
@@ -271,58 +453,12 @@ def train_speeds(workdir: str) -> dict:
   return out
 
 
-# ----------------------------------------------------------------------------- evaluation
 def _eval_batches(data_cfg, seq_len: int, batch_size: int) -> list:
   """One pass over a text source in packed rows of seq_len (the last partial batch dropped)."""
   cfg = ml_collections.ConfigDict(data_cfg.to_dict())
   cfg.update(dict(seq_len=seq_len, global_batch_size=batch_size, num_epochs=1, shuffle=False))
   return list(make_dataset(cfg, seed=0, process_index=jax.process_index(),
                            process_count=jax.process_count()))
-
-
-def perplexity(config, st: Setup, model, data_cfg) -> float:
-  """exp(mean next-token CE) of `model` over one pass of `data_cfg` in packed rows of
-  eval.seq_len (documents never see each other): one compiled step per model."""
-  e = config.eval
-  batches = _eval_batches(data_cfg, e.seq_len, e.batch_size)
-  if not batches:
-    raise ValueError(f"eval: {data_cfg.paths!r} holds less than one batch of {e.batch_size} rows of "
-                     f"{e.seq_len} tokens; lower config.eval.batch_size or seq_len")
-  cfg = base_config()
-  cfg.model, cfg.data = model_section(model.config), data_cfg
-  cfg.mesh = ml_collections.ConfigDict(config.mesh.to_dict())
-  trainer = Trainer(cfg, model.config, st.mesh)
-  with jax.set_mesh(st.mesh):
-    return math.exp(trainer.evaluate(place(nnx.state(model, nnx.Param), st.mesh), batches)["eval_loss"])
-
-
-def model_metrics(config, st: Setup, model, section=None) -> dict:
-  """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy},
-  "recall": {"mqar@length/kv": accuracy}, "forward_tokens_per_s": ...} under the evaluation
-  section `section` (default config.eval; the curve passes a lighter one)."""
-  from lineax_lm.eval import mqar, ruler  # lazy: the evaluation package is not needed to train
-  from lineax_lm.eval.scoring import Scorer
-  e = config.eval if section is None else section
-  out = {}
-  for name, data_cfg in eval_sets(config, st, e).items():
-    out[f"ppl_{name}"] = perplexity(config, st, model, data_cfg)
-  # Needles, recall and throughput through one scorer padded to eval.seq_len: one compiled forward
-  # for every length (causal models: right padding leaves the scored positions as they are).
-  scorer = Scorer(model, e.batch_size, min_length=e.seq_len)
-  if e.needle_examples:
-    rows = ruler.evaluate_tasks(scorer if e.needle_mode == "teacher_forced" else model,
-                                make_tokenizer(st.data), e.needle_tasks,
-                                lengths=tuple(e.needle_lengths), num_examples=e.needle_examples,
-                                mode=e.needle_mode, batch_size=e.batch_size)
-    out["needle"] = {f"{r['task']}@{r['length']}": r["accuracy"] for r in rows}
-  if e.get("recall_examples"):
-    rows = mqar.mqar_grid(scorer, vocab_size=min(e.recall_vocab, model.config.vocab_size),
-                          seq_lens=tuple(e.recall_lengths), kv_pairs=tuple(e.recall_kv),
-                          num_examples=e.recall_examples, batch_size=e.batch_size)
-    out["recall"] = {f"mqar@{r['seq_len']}/{r['num_kv_pairs']}": r["accuracy"] for r in rows}
-  if e.get("throughput"):
-    out["forward_tokens_per_s"] = forward_tokens_per_s(scorer, e.seq_len)
-  return out
 
 
 def forward_tokens_per_s(scorer, seq_len: int, repeats: int = 3) -> float:
@@ -340,46 +476,9 @@ def forward_tokens_per_s(scorer, seq_len: int, repeats: int = 3) -> float:
   return batch_size * seq_len / best
 
 
-def eval_sets(config, st: Setup, section=None) -> dict:
-  """The evaluation texts: held-out teacher samples (with the default data) and the section's
-  text_paths (default section: config.eval)."""
-  e = config.eval if section is None else section
-  sets = {}
-  if st.heldout:
-    sets["teacher_samples"] = ml_collections.ConfigDict(dict(st.data.to_dict(), paths=st.heldout))
-  if e.text_paths:
-    sets["text"] = ml_collections.ConfigDict(dict(st.data.to_dict(), source="text",
-                                                  paths=e.text_paths, text_unit="file"))
-  return sets
-
-
 # Bumped when the scoring changes, so cached evaluations are redone: 2 = the needle's separator is
 # given, not scored (eval.ruler.forced_pair).
 EVAL_VERSION = 2
-
-
-def eval_key(config, st: Setup, section=None) -> str:
-  """What an evaluation depends on besides the model: the eval section (default config.eval), the
-  text sets and the scoring version."""
-  e = config.eval if section is None else section
-  return json.dumps([e.to_dict(), {k: v.to_dict() for k, v in eval_sets(config, st, e).items()},
-                     EVAL_VERSION], sort_keys=True, default=str)
-
-
-def teacher_metrics(config, st: Setup, section=None) -> dict:
-  """The teacher's `model_metrics`, cached in `<data folder>/teacher_eval.json` per evaluation
-  setting, so students that share the data folder (the study's) evaluate the teacher once."""
-  key = eval_key(config, st, section)
-  cache_path = os.path.join(st.folder, "teacher_eval.json")
-  cache = {}
-  if os.path.exists(cache_path):
-    with open(cache_path, encoding="utf-8") as f:
-      cache = json.load(f)
-  if key not in cache:
-    cache[key] = model_metrics(config, st, st.teacher, section)
-    os.makedirs(st.folder, exist_ok=True)
-    report.write_json(cache_path, cache)
-  return cache[key]
 
 
 def score_recovery(teacher: dict, student: dict) -> float | None:
@@ -388,44 +487,6 @@ def score_recovery(teacher: dict, student: dict) -> float | None:
   keys = [k for k in teacher if teacher[k] is not None and student.get(k) is not None]
   t = sum(teacher[k] for k in keys)
   return sum(student[k] for k in keys) / t if t > 0 else None
-
-
-def evaluate(config, st: Setup, student) -> dict:
-  """Teacher vs student: perplexities, recovery ratios (teacher_ppl / student_ppl), needle and
-  recall accuracy with their score recoveries (student / teacher), forward tokens/s and, with
-  eval.lm_eval_tasks, lm-eval task scores for both."""
-  teacher, mine = teacher_metrics(config, st), model_metrics(config, st, student)
-  summary = {}
-  for name in mine:
-    if name.startswith("ppl_"):
-      summary[name] = {"teacher": teacher[name], "student": mine[name]}
-      summary["recovery_" + name[4:]] = teacher[name] / mine[name]
-  for family in ("needle", "recall"):
-    if family in mine:
-      summary[family] = {"teacher": teacher[family], "student": mine[family]}
-      summary[f"recovery_{family}"] = score_recovery(teacher[family], mine[family])
-  if "forward_tokens_per_s" in mine:
-    summary["forward_tokens_per_s"] = {"teacher": teacher["forward_tokens_per_s"],
-                                       "student": mine["forward_tokens_per_s"]}
-  if config.eval.lm_eval_tasks:
-    summary["lm_eval"] = lm_eval_scores(config, st, student)
-  return summary
-
-
-def lm_eval_scores(config, st: Setup, student) -> dict:
-  """lm-eval scores of teacher and student on eval.lm_eval_tasks in one call (the same tasks,
-  limit and adapter settings), with each metric's recovery = student / teacher."""
-  from lineax_lm.eval.lm_eval_adapter import evaluate_models
-  e = config.eval
-  tokenizer = make_tokenizer(st.data)
-  results = evaluate_models({"teacher": st.teacher, "student": student}, tokenizer,
-                            e.lm_eval_tasks, limit=e.lm_eval_limit,
-                            include_path=e.lm_eval_include_path or None, max_length=e.seq_len,
-                            batch_size=e.batch_size)
-  recovery = {task: {m: (v / results["teacher"][task][m] if results["teacher"][task][m] else None)
-                     for m, v in metrics.items()}
-              for task, metrics in results["student"].items()}
-  return {**results, "recovery": recovery}
 
 
 def format_summary(summaries: dict) -> str:
@@ -445,7 +506,6 @@ def format_summary(summaries: dict) -> str:
   return report.aligned_table(head, rows)
 
 
-# ----------------------------------------------------------------------------- maturity curve
 def curve_section(config) -> ml_collections.ConfigDict:
   """The curve's evaluation: held-out teacher-sample perplexity and config.curve's needle tasks (no
   real text, recall, throughput or lm-eval: each point must stay cheap)."""
@@ -455,57 +515,6 @@ def curve_section(config) -> ml_collections.ConfigDict:
                 needle_examples=c.needle_examples, recall_examples=0, throughput=False,
                 lm_eval_tasks=""))
   return e
-
-
-def maturity_curve(config, st: Setup, workdir: str) -> list[dict]:
-  """Rows {"e2e_step", "tokens", "recovery_teacher_samples", "recovery_needle", "needle": {...}}
-  for the start of the e2e stage (the block stage's final parameters, or the initial student) and
-  every checkpoint the finished e2e stage kept (config.curve.every); `tokens` counts every stage's
-  tokens up to that point. Each point is scored once (cached in <workdir>/curve.json, so an
-  interrupted curve resumes); curve.png is drawn when matplotlib is importable. [] without a curve."""
-  if config.curve.every <= 0 or not finished(config, "e2e", workdir):
-    return []
-  section = curve_section(config)
-  key = eval_key(config, st, section)
-  path = os.path.join(workdir, "curve.json")
-  saved = {}
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
-  points = saved.get("points", {}) if saved.get("key") == key else {}
-  mngr = checkpoint.manager(stage_dir(workdir, "e2e"), keep=0)
-  try:
-    steps = sorted(mngr.all_steps())
-  finally:
-    mngr.close()
-  before = [s for s in ("layer", "block") if config.stages[s].steps > 0]
-  starts = {0: (before[-1], None) if before else (None, None), **{s: ("e2e", s) for s in steps}}
-  teacher = teacher_metrics(config, st, section)
-  graphdef = nnx.graphdef(abstract_model(st.student_cfg))
-  for step, (stage, at) in starts.items():
-    if str(step) in points:
-      continue
-    if stage is None:
-      model = init_student(st.teacher, st.student_cfg, seed=config.student.seed,
-                           conv_init=config.student.conv_init)
-    else:
-      model = nnx.merge(graphdef, stage_params(config, stage, st, workdir, at)())
-    points[str(step)] = model_metrics(config, st, model, section)
-    report.write_json(path, {"key": key, "teacher": teacher, "points": points})
-  tokens_per_step = config.data.global_batch_size * config.data.seq_len
-  done = sum(config.stages[s].steps for s in before)
-  rows = []
-  for step in sorted(map(int, points)):
-    m = points[str(step)]
-    rows.append(dict(e2e_step=step, tokens=(done + step) * tokens_per_step,
-                     recovery_teacher_samples=(teacher["ppl_teacher_samples"]
-                                               / m["ppl_teacher_samples"]
-                                               if "ppl_teacher_samples" in m else None),
-                     recovery_needle=score_recovery(teacher.get("needle", {}), m.get("needle", {})),
-                     needle=m.get("needle", {})))
-  report.write_json(path, {"key": key, "teacher": teacher, "points": points, "rows": rows})
-  plot_curves({st.student_cfg.mixer: rows}, os.path.join(workdir, "curve.png"))
-  return rows
 
 
 def plot_curves(curves: dict, path: str) -> str | None:

@@ -45,8 +45,8 @@ from absl import flags
 from lineax_lm import cli, jobs
 from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import distill_config
-from lineax_lm.distill.pipeline import (curve_section, distill, plot_curves, score_recovery, setup,
-                                        teacher_metrics)
+from lineax_lm.distill.pipeline import (Distillation, curve_section, distill, plot_curves,
+                                        score_recovery)
 from lineax_lm.eval import report
 from lineax_lm.train.trainer import Interrupted
 
@@ -296,11 +296,11 @@ def prepare(args, student: str) -> dict:
   curve's section, cached in data/teacher_eval.json): what every student reads, done once before
   several processes share the workdir. Returns the teacher's evaluation."""
   config = config_for(args, student)
-  st = setup(config, student_dir(args, student))
-  scores = teacher_metrics(config, st)
+  run = Distillation(config, student_dir(args, student))
+  scores = run.teacher_metrics()
   if config.curve.every > 0:
-    teacher_metrics(config, st, curve_section(config))
-  print(f"prepared {st.folder}: teacher samples and the teacher's evaluation", flush=True)
+    run.teacher_metrics(curve_section(config))
+  print(f"prepared {run.folder}: teacher samples and the teacher's evaluation", flush=True)
   return scores
 
 

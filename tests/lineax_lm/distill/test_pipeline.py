@@ -106,9 +106,9 @@ def test_runlocal_pipeline_every_stage_learns_and_resumes(tmp_path):
   assert summary["train_tokens_per_s"].keys() == set(pipeline.STAGES)
 
   # Stage 1 trains only the linear layer's mixer: everything else is still the teacher's.
-  st = pipeline.setup(config, workdir)
-  params = dict(nnx.to_flat_state(pipeline.stage_params(config, "layer", st, workdir)()))
-  teacher = dict(nnx.to_flat_state(nnx.state(st.teacher, nnx.Param)))
+  run = pipeline.Distillation(config, workdir)
+  params = dict(nnx.to_flat_state(run.stage_params("layer")()))
+  teacher = dict(nnx.to_flat_state(nnx.state(run.teacher, nnx.Param)))
   moved = {p for p in params if not np.array_equal(np.asarray(jax.device_get(params[p][...])),
                                                    np.asarray(teacher[p][...]) if p in teacher
                                                    else np.nan)}
