@@ -122,13 +122,10 @@ def parse_args(argv=None):
   return types.SimpleNamespace(**fv.flag_values_dict())
 
 
-def run(args) -> dict:
-  """Runs the evaluations of parsed `args`; returns {task: markdown section}."""
-  from lineax_lm.eval import efficiency, language, mqar, ruler
-  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint, load_config
-  from lineax_lm.data.text import resolve_paths
-
-  config = load_config(args.workdir, args.step)       # the JSON beside the checkpoint: cheap
+def select_tasks(args, config) -> tuple[list[str], list[str]]:
+  """(every task `--tasks` names, or the default for the run's data; the recall tasks among them),
+  checked against what the run can be scored on."""
+  from lineax_lm.eval import ruler
   is_mqar = config.data.source == "mqar"
   tasks = [t.strip() for t in (args.tasks or ("mqar,efficiency" if is_mqar else
                                              "ppl,needle,efficiency")).split(",") if t.strip()]
@@ -142,6 +139,87 @@ def run(args) -> dict:
   if "ppl" in tasks and not (args.ppl_paths or args.ppl_tfds_split):
     raise ValueError("`ppl` needs held-out text: pass --ppl_paths FILES (the run's text / jsonl "
                      "format) or --ppl_tfds_split SPLIT of the run's TFDS dataset")
+  return tasks, recall_tasks
+
+
+def evaluate_mqar(args, model, config, out: str, title: str) -> str:
+  """MQAR accuracy over --mqar_lengths x --mqar_kv_pairs (default: around the run's own)."""
+  from lineax_lm.eval import mqar
+  m, L = config.data.mqar, config.data.seq_len
+  lengths = args.mqar_lengths or [L, 2 * L, 4 * L]
+  kvs = (args.mqar_kv_pairs or
+         sorted({max(1, m.num_kv_pairs // 2), m.num_kv_pairs, 2 * m.num_kv_pairs}))
+  check_scoring_memory(model, lengths, args.batch_size, "--mqar_lengths")
+  rows = mqar.mqar_grid(model, vocab_size=m.vocab_size, seq_lens=lengths, kv_pairs=kvs,
+                        num_examples=args.mqar_examples, batch_size=args.batch_size,
+                        power_a=m.power_a, random_non_queries=m.random_non_queries)
+  if not rows:
+    raise ValueError(f"`--mqar_lengths` {lengths} x `--mqar_kv_pairs` {kvs}: no pair fits (a "
+                     f"length holds at most length / 4 pairs, and a vocabulary of {m.vocab_size} "
+                     f"at most {m.vocab_size // 2 - 1}); nothing to evaluate")
+  report.write_rows(rows, os.path.join(out, "mqar"), title=f"MQAR accuracy: {title}")
+  report.line_plot(rows, x="num_kv_pairs", y="accuracy", group="seq_len",
+                   path=os.path.join(out, "mqar.png"), title=f"MQAR: {title}", ylim=(0, 1.02))
+  return f"## MQAR accuracy: {title} (rows: length)\n\n{mqar.format_grid(rows)}\n"
+
+
+def evaluate_recall(args, model, tokenizer, tasks: list[str], out: str, title: str) -> str:
+  """The RULER-style recall `tasks`, accuracy per context length (--lengths)."""
+  from lineax_lm.data.text import resolve_paths
+  from lineax_lm.eval import ruler
+  if tokenizer is None or tokenizer.vocab_size > model.config.vocab_size:
+    raise ValueError("recall tasks need a text tokenizer whose ids fit the model's vocabulary; this "
+                     "run has none (MQAR) or a larger one: pass --tokenizer")
+  corpus = None
+  if args.corpus:
+    corpus = [open(f, encoding="utf-8").read() for f in resolve_paths(args.corpus)]
+  rows = ruler.evaluate_tasks(model, tokenizer, tasks, args.lengths, args.num_examples,
+                              args.seed, args.mode, corpus, args.batch_size)
+  report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
+  report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
+                   title=f"Recall accuracy ({args.mode}): {title}", logx=True, ylim=(0, 1.02))
+  table = report.pivot_table(rows, row="task", col="length", value="accuracy")
+  return f"## Recall accuracy ({args.mode}): {title}\n\n{table}\n"
+
+
+def evaluate_perplexity(args, model, tokenizer, config, out: str, title: str) -> str:
+  """Perplexity and bits per byte on held-out text (--ppl_paths or --ppl_tfds_split)."""
+  from lineax_lm.eval import language
+  data = config.data.copy_and_resolve_references()
+  with data.unlocked():
+    if args.ppl_paths:
+      data.paths = args.ppl_paths
+    if args.ppl_tfds_split:
+      data.tfds_split = args.ppl_tfds_split
+    if args.tokenizer:
+      data.tokenizer = args.tokenizer
+  docs = language.heldout_documents(data, max_documents=args.ppl_documents)
+  res = language.perplexity(model, tokenizer, docs, max_len=args.max_len or config.data.seq_len,
+                            batch_size=args.batch_size)
+  return report.write_rows([res], os.path.join(out, "ppl"),
+                           title=f"Held-out language metrics: {title}")
+
+
+def evaluate_efficiency(args, model, config, out: str, title: str) -> str:
+  """Token-mixing FLOPs, cache bytes and measured forward tokens/s per --efficiency_lengths; the
+  Pareto plot against the quality the recall or MQAR task wrote to `out`."""
+  from lineax_lm.eval import efficiency
+  rows = efficiency.efficiency_rows({title: model}, args.efficiency_lengths,
+                                    measure=True, batch=2, seq_len=min(512, config.data.seq_len))
+  section = report.write_rows(rows, os.path.join(out, "efficiency"), title=f"Efficiency: {title}")
+  quality = _quality(out)
+  if quality is not None:
+    report.pareto_plot([dict(r, quality=quality) for r in rows], x="mixing_MFLOPs_per_token",
+                       y="quality", label="context_len", path=os.path.join(out, "pareto.png"),
+                       title=f"quality vs token-mixing MFLOPs per token: {title}")
+  return section
+
+
+def run(args) -> dict:
+  """Runs the evaluations of parsed `args`; returns {task: markdown section}."""
+  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint, load_config
+  config = load_config(args.workdir, args.step)       # the JSON beside the checkpoint: cheap
+  tasks, recall_tasks = select_tasks(args, config)
   tokenizer = data_tokenizer(config)
   if args.tokenizer:
     from lineax_lm.data.tokenizer import load_tokenizer
@@ -149,68 +227,16 @@ def run(args) -> dict:
   model, config, step = load_checkpoint(args.workdir, args.step)
   out = args.out or os.path.join(args.workdir, "eval")
   os.makedirs(out, exist_ok=True)
-  sections = {}
   title = f"{os.path.basename(os.path.abspath(args.workdir))} (step {step})"
-
+  sections = {}
   if "mqar" in tasks:
-    m, L = config.data.mqar, config.data.seq_len
-    lengths = args.mqar_lengths or [L, 2 * L, 4 * L]
-    kvs = (args.mqar_kv_pairs or
-           sorted({max(1, m.num_kv_pairs // 2), m.num_kv_pairs, 2 * m.num_kv_pairs}))
-    check_scoring_memory(model, lengths, args.batch_size, "--mqar_lengths")
-    rows = mqar.mqar_grid(model, vocab_size=m.vocab_size, seq_lens=lengths, kv_pairs=kvs,
-                          num_examples=args.mqar_examples, batch_size=args.batch_size,
-                          power_a=m.power_a, random_non_queries=m.random_non_queries)
-    if not rows:
-      raise ValueError(f"`--mqar_lengths` {lengths} x `--mqar_kv_pairs` {kvs}: no pair fits (a "
-                       f"length holds at most length / 4 pairs, and a vocabulary of {m.vocab_size} "
-                       f"at most {m.vocab_size // 2 - 1}); nothing to evaluate")
-    report.write_rows(rows, os.path.join(out, "mqar"), title=f"MQAR accuracy: {title}")
-    if rows:
-      report.line_plot(rows, x="num_kv_pairs", y="accuracy", group="seq_len",
-                       path=os.path.join(out, "mqar.png"), title=f"MQAR: {title}", ylim=(0, 1.02))
-    sections["mqar"] = f"## MQAR accuracy: {title} (rows: length)\n\n{mqar.format_grid(rows)}\n"
-
+    sections["mqar"] = evaluate_mqar(args, model, config, out, title)
   if recall_tasks:
-    if tokenizer is None or tokenizer.vocab_size > model.config.vocab_size:
-      raise ValueError("recall tasks need a text tokenizer whose ids fit the model's vocabulary; this "
-                       "run has none (MQAR) or a larger one: pass --tokenizer")
-    corpus = None
-    if args.corpus:
-      corpus = [open(f, encoding="utf-8").read() for f in resolve_paths(args.corpus)]
-    rows = ruler.evaluate_tasks(model, tokenizer, recall_tasks, args.lengths, args.num_examples,
-                                args.seed, args.mode, corpus, args.batch_size)
-    report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
-    report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
-                     title=f"Recall accuracy ({args.mode}): {title}", logx=True, ylim=(0, 1.02))
-    table = report.pivot_table(rows, row="task", col="length", value="accuracy")
-    sections["recall"] = f"## Recall accuracy ({args.mode}): {title}\n\n{table}\n"
-
+    sections["recall"] = evaluate_recall(args, model, tokenizer, recall_tasks, out, title)
   if "ppl" in tasks:
-    data = config.data.copy_and_resolve_references()
-    with data.unlocked():
-      if args.ppl_paths:
-        data.paths = args.ppl_paths
-      if args.ppl_tfds_split:
-        data.tfds_split = args.ppl_tfds_split
-      if args.tokenizer:
-        data.tokenizer = args.tokenizer
-    docs = language.heldout_documents(data, max_documents=args.ppl_documents)
-    res = language.perplexity(model, tokenizer, docs, max_len=args.max_len or config.data.seq_len,
-                              batch_size=args.batch_size)
-    sections["ppl"] = report.write_rows(
-        [res], os.path.join(out, "ppl"), title=f"Held-out language metrics: {title}")
-
-  if "efficiency" in tasks:
-    rows = efficiency.efficiency_rows({title: model}, args.efficiency_lengths,
-                                      measure=True, batch=2, seq_len=min(512, config.data.seq_len))
-    sections["efficiency"] = report.write_rows(rows, os.path.join(out, "efficiency"),
-                                               title=f"Efficiency: {title}")
-    quality = _quality(out)
-    if quality is not None:
-      report.pareto_plot([dict(r, quality=quality) for r in rows], x="mixing_MFLOPs_per_token",
-                         y="quality", label="context_len", path=os.path.join(out, "pareto.png"),
-                         title=f"quality vs token-mixing MFLOPs per token: {title}")
+    sections["ppl"] = evaluate_perplexity(args, model, tokenizer, config, out, title)
+  if "efficiency" in tasks:  # last: its Pareto plot reads the quality the tasks above wrote
+    sections["efficiency"] = evaluate_efficiency(args, model, config, out, title)
   return sections
 
 
