@@ -50,7 +50,6 @@ STUDENT_MIXER_CFG = {
     "linear_attn": lambda H, d, D, theta: dict(num_heads=H, expand_k=H * d / D, expand_v=H * d / D),
     "mlstm": lambda H, d, D, theta: dict(num_heads=H, proj_factor=H * d / D, round_to=d),
 }
-STUDY_MIXERS = ("mlstm", "gla", "gated_deltanet", "deltanet", "retention", "kda", "linear_attn")
 _QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 CONV_INITS = ("identity", "random")
 

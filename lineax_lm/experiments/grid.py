@@ -102,7 +102,7 @@ def run_cell(cell: dict, size, out: str) -> dict:
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
                 train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
                 train_seconds=train_seconds)
-  result.update(score_cell(cell_dir, size, cell["config"]))
+  result.update(score_cell(cell_dir, size))
   result["seconds"] = round(time.time() - start, 1)
   report.write_json(path, result)
   return result

@@ -12,7 +12,7 @@ from lineax_lm.eval import report
 from lineax_lm.experiments.cells import heldout_config
 
 
-def score_cell(cell_dir: str, size, config) -> dict:
+def score_cell(cell_dir: str, size) -> dict:
   """Loads the cell's trained model and scores it (see the module docstring)."""
   import numpy as np
   from lineax_lm.data.pipeline import make_source

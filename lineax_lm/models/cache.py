@@ -15,10 +15,6 @@ def cache_bytes(config, context_len: int) -> dict:
   return abstract_model(config).cache_bytes(context_len)
 
 
-def cache_bytes_per_token(config, context_len: int) -> float:
-  return cache_bytes(config, context_len)["total"] / context_len
-
-
 def real_cache_bytes(model_or_config, context_len: int, batch: int = 1) -> int:
   """nbytes of the cache the model builds for `batch` sequences of `context_len` tokens (shapes
   only: jax.eval_shape, so large contexts cost nothing)."""

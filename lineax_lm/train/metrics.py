@@ -117,7 +117,7 @@ class MetricsWriter:
       from tqdm.auto import tqdm
       self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
-  def write(self, step: int, scalars: dict, advance: int = 0):
+  def write(self, step: int, scalars: dict):
     if not self.enabled:
       return
     scalars = {k: float(v) for k, v in scalars.items() if v is not None and np.isscalar(np.asarray(v).item())}

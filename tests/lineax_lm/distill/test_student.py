@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lineax_lm.distill.student import (STUDY_MIXERS, init_student, linear_layers, repeat_kv,
-                                       student_config)
+from lineax_lm.distill.student import init_student, linear_layers, repeat_kv, student_config
+from lineax_lm.distill.study import STUDENTS
 from lineax_lm.distill.teacher import teacher_from_checkpoint, tiny_teacher
+
+STUDY_MIXERS = tuple(dict.fromkeys(mixer for mixer, _ in STUDENTS.values()))
 
 
 @pytest.fixture(scope="module")
