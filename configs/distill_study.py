@@ -1,7 +1,7 @@
 """One student of the linearization study (lineax_lm.distill.study), as a config file.
 
-    python -m lineax_lm.distill --config configs/distill/study.py:gla --workdir runs/study/gla
-    python -m lineax_lm.distill --config configs/distill/study.py:kda,hybrid --workdir runs/study/kda_h
+    python -m lineax_lm.distill --config configs/distill_study.py:gla --workdir runs/study/gla
+    python -m lineax_lm.distill --config configs/distill_study.py:kda,hybrid --workdir runs/study/kda_h
 The argument: a study student (mlstm, mlstm_dense, gla, gated_deltanet, deltanet, retention, kda,
 linear_attn), then optional switches hybrid / runlocal. `python -m lineax_lm.distill.study` runs them
 all with one table; this file runs one with the study's settings (`--config.<field>=...` overrides).
@@ -20,16 +20,13 @@ Data: 4,096 teacher samples (<= 512 tokens) joined into documents of >= 2,048 to
 at 2,048 is inside the training length (lineax_lm/distill/data.py says what such a document is).
 The curve keeps an e2e checkpoint every e2e_steps / 3 steps and scores each.
 """
+from lineax_lm.distill.config import config_argument, split_switches
 from lineax_lm.distill.study import study_config
 
 
 def get_config(arg=None):
-  parts = [p.strip() for p in (arg or "gated_deltanet").split(",") if p.strip()]
-  switches = set(parts[1:])
-  unknown = sorted(switches - {"hybrid", "runlocal"})
-  if unknown:
-    raise ValueError(f"config argument: unknown switch(es) {unknown}; after the student name choose "
-                     "from ['hybrid', 'runlocal']")
+  student, switches = config_argument(arg)
+  switches = split_switches(switches)
   runlocal = "runlocal" in switches  # the tiny teacher: ~25 steps of 8 x 64 tokens, not 2e6 tokens
-  return study_config(parts[0], 1.2e4 if runlocal else 2e6, hybrid="hybrid" in switches,
+  return study_config(student, 1.2e4 if runlocal else 2e6, hybrid="hybrid" in switches,
                       runlocal=runlocal)
