@@ -11,7 +11,7 @@ a device of the group: slice 0 enters with the initial state, the others with a 
 which is the per-device program of a context-parallel run without the collectives: those move only
 (A, B), O(H x K x (K + V)) floats a slice. Lengths are tried in order and the table stops at the
 first that does not fit. Shapes: B = 1, H = 16, K = V = 128, bf16 q, k, v, float32 gates (--hkv).
-Times are device medians of back-to-back calls (benchmarks/ops.py's device_ms); fwd+bwd
+Times are device medians of back-to-back calls (pallas_kernels.bench.device_ms); fwd+bwd
 differentiates sum(o * do) with respect to every input. The ratio cp / plain is the context-parallel
 overhead per slice (GDN: one op call at V + K, the transition riding along as K extra value
 columns; additive families: a [T, K] x [K, V] product; mLSTM: a re-run).
@@ -29,8 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.ops import device_ms  # noqa: E402
-from pallas_kernels.bench import make_inputs, op_of  # noqa: E402
+from pallas_kernels.bench import device_ms, make_inputs, op_of  # noqa: E402
 
 AXIS = "context"
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call on the GPU host: the `gpu` tests, our op rows, fla's rows from the same call, and
-# the table of ratios (benchmarks/ops.py --report).
-#   bash benchmarks/h200.sh [ops.py arguments...]      e.g. --ops gla,hgrn --backends gpu
+# the table of ratios (python -m pallas_kernels.bench --report).
+#   bash benchmarks/h200.sh [pallas_kernels.bench arguments...]   e.g. --ops gla,hgrn --backends gpu
 # Env: TESTS   test files of the `gpu` tests ("none" skips; default: tests/), TESTS_K a -k expression
 #      FLA_OPS fla's ops to time (benchmarks/fla_ops.py names; "" skips fla), FLA_SHAPES (BxT list)
 #      TEST_WORKERS pytest-xdist processes for the tests (default 8: each test compiles its own
@@ -29,7 +29,7 @@ if [ "${TESTS:-}" != "none" ]; then
   pkill -f "pytest -q -n"; pkill -f "exec(eval(sys.stdin.readline()))"; sleep 1  # execnet workers
   grep -E "passed|failed|Error" "$OUT/tests.log" | tail -n 8
 fi
-timeout "${T_OPS:-300}" python3 benchmarks/ops.py --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
+timeout "${T_OPS:-300}" python3 -m pallas_kernels.bench --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
 grep -v "^ *File\|^    \|^Traceback\|^---\|^For simplicity\|^|" "$OUT/ops.log" | grep -v "^$" | tail -n 6
 if [ -n "${FLA_OPS-gated_delta_rule}" ]; then
   python3 -m pip install -q --no-deps --target /tmp/site .fla/*.whl >/dev/null 2>&1 || echo "fla install failed"
@@ -41,4 +41,4 @@ if [ -n "${FLA_OPS-gated_delta_rule}" ]; then
   grep -i "error" "$OUT/fla_ops.log" | tail -n 3
   (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar czf "$OUT/fla_autotune.tgz" -T -)
 fi
-python3 benchmarks/ops.py --report --fla "$OUT" --out "$OUT" 2>&1 | tail -n 40
+python3 -m pallas_kernels.bench --report --fla "$OUT" --out "$OUT" 2>&1 | tail -n 40

@@ -1,46 +1,63 @@
-"""Forward and forward+backward times of every op on the current device, as a table.
+"""Times of the chunked ops on the current device, a row per op, backend, shape and segment count:
+forward and forward+backward device times, the compile time and peak memory of forward+backward, and
+fla's figures with fla/ours ratios when given; optionally a stage profile, tile variants and length
+scaling of the gated delta rule kernels.
 
-    python -m pallas_kernels.bench                      # every op, xla path, a size that fits the device
-    python -m pallas_kernels.bench --backends xla,gpu --B 4 --T 4096 --H 16 --K 128 --V 128
+    python -m pallas_kernels.bench                          # every op on every backend the device runs
+    python -m pallas_kernels.bench --ops gla,hgrn --backends gpu --shapes 4x4096,8x8192 --out DIR
+    python -m pallas_kernels.bench --report --fla DIR --out DIR    # DIR/ops.json's tables, fla beside
+        [--profile] [--trace] [--variants] [--scaling] [--segments 1,auto,4] [--interpret]
 
-Defaults: the anchor shape of docs/DESIGN.md (B=4, T=4096, H=16, K=V=128, bf16 inputs,
-float32 gates) on an accelerator, a small shape (B=2, T=1024, H=4, K=V=64) on CPU. Median of
-`--iters` timed calls after two warm-ups; fwd+bwd is the gradient of sum(o * do) w.r.t. every input.
+The ops and the backends that implement them are `dispatch.support_table()`'s: a backend is timed
+on the ops whose `chunk_*` its module defines (no fallback), the others are listed as such.
+`--backends auto` (the default) is the platform's Pallas backend, where it has one, then xla.
+Shapes are BxT with H, K, V from `--hkv`: on an accelerator the anchor 4x4096 and 65,536 tokens a
+step (8x8192) at H=16, K=V=128; on CPU 2x1024 at H=4, K=V=64. Inputs as fla's benchmark draws them
+(`make_inputs`): `--dtype` q, k, v and float32 gates (HGRN: x, g [B, T, H * K]). Times are device
+medians: each of `--reps` repetitions enqueues `--calls` back-to-back calls and divides, so host
+dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input.
+Compile time is the wall time of lowering and compiling fwd+bwd; peak memory is XLA's allocation for
+it (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py).
+--scaling times the gated delta rule at T in --lengths, 65,536 tokens a step. With --out every
+figure is written to OUT/ops.json as soon as it is measured (what was measured survives a timeout).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# op -> (family, chunk function, argument names). Inputs are drawn by `make_inputs`.
-OPS = {
-    "linear_attn": ("linear_attn", "chunk_linear_attn", ("q", "k", "v")),
-    "retention": ("retention", "chunk_retention", ("q", "k", "v")),
-    "simple_gla": ("simple_gla", "chunk_simple_gla", ("q", "k", "v", "gs")),
-    "gla": ("gla", "chunk_gla", ("q", "k", "v", "gk")),
-    "rwkv6": ("rwkv6", "chunk_rwkv6", ("q", "k", "v", "gk", "u")),
-    "delta_rule": ("delta_rule", "chunk_delta_rule", ("q", "kn", "v", "beta")),
-    "gated_delta_rule": ("gated_delta_rule", "chunk_gated_delta_rule", ("q", "kn", "v", "gs", "beta")),
-    "kda": ("kda", "chunk_kda", ("q", "kn", "v", "gk", "beta")),
-    "hgrn": ("hgrn", "chunk_hgrn", ("x", "gx")),
-    "mlstm": ("mlstm", "chunk_mlstm", ("q", "k", "v", "i", "f")),
+from pallas_kernels.common import dispatch, segments
+
+# family -> the arguments of its chunk op, drawn by `make_inputs`
+ARGUMENTS = {
+    "linear_attn": ("q", "k", "v"),
+    "retention": ("q", "k", "v"),
+    "simple_gla": ("q", "k", "v", "gs"),
+    "gla": ("q", "k", "v", "gk"),
+    "rwkv6": ("q", "k", "v", "gk", "u"),
+    "delta_rule": ("q", "kn", "v", "beta"),
+    "gated_delta_rule": ("q", "kn", "v", "gs", "beta"),
+    "kda": ("q", "kn", "v", "gk", "beta"),
+    "hgrn": ("x", "gx"),
+    "mlstm": ("q", "k", "v", "i", "f"),
 }
 # options each op is timed with: fla's benchmark times linear attention without its normalizer
 OPTIONS = {"linear_attn": {"normalize": False}}
 
 
-def op_of(name):
-  """(the public chunk op of OPS[name] with its OPTIONS, its argument names)."""
-  family, fn_name, argnames = OPS[name]
-  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), fn_name)
-  options = OPTIONS.get(name, {})
-  return (lambda *a, **kw: op(*a, **options, **kw)), argnames
+def op_of(family):
+  """(the public chunk op of `family` with its OPTIONS, its argument names)."""
+  op = getattr(importlib.import_module(f"pallas_kernels.{family}"), f"chunk_{family}")
+  options = OPTIONS.get(family, {})
+  return (lambda *a, **kw: op(*a, **options, **kw)), ARGUMENTS[family]
 
 
 def make_inputs(B, T, H, K, V, dtype, seed=0):
@@ -58,65 +75,281 @@ def make_inputs(B, T, H, K, V, dtype, seed=0):
   return {n: jnp.asarray(x) for n, x in d.items()}
 
 
-def median_ms(fn, *args, iters=20):
-  for _ in range(2):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
+def backends_to_time(spec: str) -> list[str]:
+  """`--backends`: "auto" -> the platform's Pallas backend (where it has one), then xla."""
+  if spec != "auto":
+    return [b for b in spec.split(",") if b]
+  platform = dispatch.platform()
+  return [platform, "xla"] if platform in dispatch.PALLAS_BACKENDS else ["xla"]
+
+
+def implements(family: str, backend: str) -> bool:
+  """Whether `backend` has its own chunk op for `family` (`dispatch.support_table`; the reference
+  backend defines every op)."""
+  return backend == "reference" or dispatch.support_table()[family, "chunk", backend]
+
+
+class Timer:
+  """Device medians of `calls` back-to-back calls, over `reps` repetitions; Pallas paths
+  interpreted with `interpret` (a CPU smoke test of a GPU or TPU run)."""
+
+  def __init__(self, calls: int = 10, reps: int = 7, interpret: bool = False):
+    self.calls, self.reps, self.interpret = calls, reps, interpret
+
+  def device_ms(self, fn, *args):
+    return device_ms(fn, *args, calls=self.calls, reps=self.reps)
+
+  def op_fn(self, name, backend, config=None):
+    """(function of the op's inputs -> o, argument names) for `backend`; `config` (gated delta
+    rule tile variants) calls the kernel module directly."""
+    kw = dict(interpret=True) if self.interpret and backend in dispatch.PALLAS_BACKENDS else {}
+    if config is not None:
+      from pallas_kernels.gated_delta_rule import gpu
+      return (lambda q, k, v, g, b: gpu.chunk_gated_delta_rule(
+          q, k, v, g, b, scale=q.shape[-1] ** -0.5, initial_state=jnp.zeros(
+              (q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32), config=config, **kw)[0]
+              ), ("q", "kn", "v", "gs", "beta")
+    op, names = op_of(name)
+    return (lambda *a: op(*a, backend=backend, **kw)[0]), names
+
+  def time_op(self, name, backend, inputs, config=None, memory=True):
+    fn, names = self.op_fn(name, backend, config)
+    args = tuple(inputs[n] for n in names)
+    fwd = jax.jit(fn)
+    o = fwd(*args)
+    do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
+    loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * do)
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times) * 1e3)
+    grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args).compile()
+    row = dict(compile_s=time.perf_counter() - t0)
+    row.update(fwd_ms=self.device_ms(fwd, *args), fwdbwd_ms=self.device_ms(grad, *args))
+    if memory:
+      try:
+        m = grad.memory_analysis()
+        row["peak_GiB"] = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                           - m.alias_size_in_bytes) / 2**30
+      except Exception as e:  # memory_analysis is not available on every backend
+        row["peak_GiB"], row["peak_error"] = float("nan"), repr(e)[:100]
+    return row
+
+  def trace_op(self, name, backend, inputs, trace_dir, calls=5):
+    """The device time per kernel of `calls` fwd+bwd calls, from a jax.profiler trace (a markdown
+    table: lineax_lm.train.metrics.profile_summary)."""
+    from lineax_lm.train.metrics import profile_summary
+    fn, names = self.op_fn(name, backend)
+    args = tuple(inputs[n] for n in names)
+    grad = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),
+                            argnums=tuple(range(len(args)))))
+    jax.block_until_ready(grad(*args))
+    jax.profiler.start_trace(trace_dir)
+    jax.block_until_ready([grad(*args) for _ in range(calls)])
+    jax.profiler.stop_trace()
+    return profile_summary(trace_dir, calls)
+
+  def stage_profile(self, inputs, config=None):
+    """Times each GDN kernel alone at the inputs' shape (the forward's and the backward's stages):
+    its WY kernels (gated_delta_rule/gpu.py) and the common stages (pallas_kernels/common/gpu/)."""
+    from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state
+    from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Static
+    from pallas_kernels.common.gpu.layout import chunk_cumsum, head_major
+    from pallas_kernels.gated_delta_rule import gpu
+    cfg = config or DEFAULT
+    q, k, v, g, beta = (inputs[n] for n in ("q", "kn", "v", "gs", "beta"))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    st = Static(K ** -0.5, False, self.interpret, cfg)
+    G, b = chunk_cumsum(head_major(g), CHUNK), head_major(beta)
+    h0 = jnp.zeros((B, H, K, V), jnp.float32)
+    z = jnp.zeros((1,), jnp.int32)
+    w, u, Tinv = jax.jit(lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st))(k, v, G, b)
+    do = jnp.asarray(np.random.default_rng(1).standard_normal(v.shape, dtype=np.float32), v.dtype)
+    stages = {
+        "fwd.wy": (lambda k, v, G, b: gpu._wy_fwd(k, v, G, b, st), (k, v, G, b)),
+        "fwd.state+o": (lambda q, k, w, u, G: chunk_state.state_pass(q, k, w, u, G, h0, z, z, st, True),
+                        (q, k, w, u, G)),
+        "bwd.state(h,v')": (lambda k, w, u, G: chunk_state.state_pass(None, k, w, u, G, h0, z, z, st, False),
+                            (k, w, u, G)),
+        "bwd.dh": (lambda q, k, w, do, G: chunk_dh.dh_pass(q, k, w, do, G, h0, z, z, st), (q, k, w, do, G)),
+    }
+    h, vn = jax.jit(stages["bwd.state(h,v')"][0])(k, w, u, G)
+    dh, dvn, _ = jax.jit(stages["bwd.dh"][0])(q, k, w, do, G)
+    stages["bwd.dqkw"] = (lambda q, k, G, h, dh, do, vn, dvn: chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st,
+                                                                                want_dw=True),
+                          (q, k, G, h, dh, do, vn, dvn))
+    dq, dk1, dG1, dw = jax.jit(stages["bwd.dqkw"][0])(*stages["bwd.dqkw"][1])
+    stages["bwd.wy"] = (lambda k, v, G, b, Ti, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, Ti, dw, dvn, dk1, dG1, st),
+                        (k, v, G, b, Tinv, dw, dvn, dk1, dG1))
+    return {name: self.device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
 
 
-def time_op(name, backend, inputs, iters):
-  op, argnames = op_of(name)
-  args = tuple(inputs[a] for a in argnames)
-  fwd = jax.jit(lambda *a: op(*a, backend=backend)[0])
-  o = fwd(*args)
-  do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
-  grad = jax.jit(jax.grad(lambda *a: jnp.sum(op(*a, backend=backend)[0].astype(jnp.float32) * do),
-                          argnums=tuple(range(len(args)))))
-  return median_ms(fwd, *args, iters=iters), median_ms(grad, *args, iters=iters)
+def device_ms(fn, *args, calls=10, reps=7):
+  """Median over `reps` of (time of `calls` back-to-back calls) / calls, after a warm-up."""
+  jax.block_until_ready(fn(*args))
+  jax.block_until_ready(fn(*args))
+  out = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    r = [fn(*args) for _ in range(calls)]
+    jax.block_until_ready(r)
+    out.append((time.perf_counter() - t0) / calls)
+    del r
+  return float(np.median(out) * 1e3)
+
+
+def _variants():
+  """Configs to time: env VARIANTS="bv_state=16,warps_dqkw=8+bk_dqkw=128" (',' between variants,
+  '+' between the fields of one)."""
+  from pallas_kernels.common.gpu.config import Config
+  spec = os.environ.get("VARIANTS", "warps_wy=1,warps_wy_bwd=4")
+  return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
+               for v in spec.split(","))
+
+
+def load_fla(d) -> dict:
+  """fla's figures from DIR/fla_ops.json: {op: {"BxT": {fwd_ms, fwdbwd_ms, peak_GiB, ...}}}."""
+  path = os.path.join(d or "", "fla_ops.json")
+  return json.load(open(path)).get("ops", {}) if d and os.path.exists(path) else {}
+
+
+def parse_args(argv=None):
+  on_cpu = jax.default_backend() == "cpu"
+  p = argparse.ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--ops", default=",".join(dispatch.FAMILIES),
+                 help="op families (pallas_kernels.common.dispatch.FAMILIES); \"\": none")
+  p.add_argument("--backends", default="auto",
+                 help=f"auto, or a list of {', '.join((*dispatch.IMPLEMENTATIONS, 'reference'))}")
+  p.add_argument("--shapes", default="2x1024" if on_cpu else "4x4096,8x8192", help="BxT of the op rows")
+  p.add_argument("--hkv", default="4,64,64" if on_cpu else "16,128,128", help="H,K,V")
+  p.add_argument("--dtype", default="bfloat16", help="of q, k, v (gates are float32)")
+  p.add_argument("--calls", type=int, default=1 if on_cpu else 10, help="back-to-back calls a timing")
+  p.add_argument("--reps", type=int, default=3 if on_cpu else 7, help="timings a median")
+  p.add_argument("--fla", default=None, help="a folder with fla_ops.json (benchmarks/fla_ops.py)")
+  p.add_argument("--out", default=os.environ.get("OUT"),
+                 help="write OUT/ops.json (and traces) there (default: env OUT, else nowhere)")
+  p.add_argument("--profile", action="store_true", help="GDN stage times at the first shape")
+  p.add_argument("--trace", action="store_true",
+                 help="per-kernel device times of every op's fwd+bwd at the first shape (jax.profiler)")
+  p.add_argument("--variants", action="store_true", help="GDN tile variants (env VARIANTS)")
+  p.add_argument("--scaling", action="store_true")
+  p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
+  p.add_argument("--interpret", action="store_true", help="run the Pallas paths interpreted")
+  p.add_argument("--segments", default="1", help="segment counts to time each op row at, e.g. "
+                 "1,auto,4,16 (pallas_kernels.common.segments: 1 is the op whole)")
+  p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
+  a = p.parse_args(argv)
+  unknown = [o for o in a.ops.split(",") if o and o not in ARGUMENTS]
+  if unknown:
+    p.error(f"--ops: unknown op(s) {unknown}; choose from {list(ARGUMENTS)}")
+  known = ("auto", *dispatch.IMPLEMENTATIONS, "reference")
+  unknown = [b for b in a.backends.split(",") if b not in known]
+  if unknown:
+    p.error(f"--backends: unknown backend(s) {unknown}; choose from {list(known)}")
+  if a.report and not a.out:
+    p.error("--report prints the tables of OUT/ops.json: give --out")
+  return a
 
 
 def main(argv=None):
-  on_cpu = jax.default_backend() == "cpu"
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--ops", default=",".join(OPS))
-  p.add_argument("--backends", default="xla")
-  p.add_argument("--B", type=int, default=2 if on_cpu else 4)
-  p.add_argument("--T", type=int, default=1024 if on_cpu else 4096)
-  p.add_argument("--H", type=int, default=4 if on_cpu else 16)
-  p.add_argument("--K", type=int, default=64 if on_cpu else 128)
-  p.add_argument("--V", type=int, default=64 if on_cpu else 128)
-  p.add_argument("--dtype", default="bfloat16")
-  p.add_argument("--iters", type=int, default=5 if on_cpu else 30)
-  p.add_argument("--json", help="also write the results to this file")
-  a = p.parse_args(argv)
-  inputs = make_inputs(a.B, a.T, a.H, a.K, a.V, jnp.dtype(a.dtype))
-  tokens = a.B * a.T
+  a = parse_args(argv)
+  H, K, V = map(int, a.hkv.split(","))
+  shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
+  ops = [o for o in a.ops.split(",") if o]          # --ops "": only what the other flags ask for
+  backends = backends_to_time(a.backends)
+  timer = Timer(a.calls, a.reps, a.interpret)
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
-        f"B={a.B} T={a.T} H={a.H} K={a.K} V={a.V} {a.dtype}")
-  rows = []
-  for name in a.ops.split(","):
-    for backend in a.backends.split(","):
-      try:
-        fwd, fb = time_op(name, backend, inputs, a.iters)
-        rows.append(dict(op=name, backend=backend, fwd_ms=fwd, fwdbwd_ms=fb,
-                         fwdbwd_Mtok_s=tokens / fb / 1e3))
-      except (ModuleNotFoundError, ValueError) as e:
-        rows.append(dict(op=name, backend=backend, error=str(e).splitlines()[0][:70]))
-  print("\n| op | backend | fwd ms | fwd+bwd ms | fwd+bwd Mtok/s |\n|---|---|---|---|---|")
-  for r in rows:
+        f"H={H} K={K} V={V} {a.dtype}", flush=True)
+  fla = load_fla(a.fla)
+  if a.report:
+    return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla)
+  res = dict(rows=[], profile={}, variants=[], scaling=[], traces={})
+  if a.out:
+    os.makedirs(a.out, exist_ok=True)
+
+  def save():  # after every figure: what was measured survives a timeout of the device call
+    if a.out:
+      json.dump(res, open(os.path.join(a.out, "ops.json"), "w"), indent=1)
+
+  def run(label, f, *args, **kw):
+    try:
+      r = f(*args, **kw)
+      print(label, r, flush=True)
+      return r
+    except Exception as e:  # keep going: one failing op must not cost the whole device call
+      traceback.print_exc()
+      print(label, "ERROR", repr(e)[:300], flush=True)
+      return dict(error=repr(e)[:300])
+
+  for B, T in shapes:
+    inputs = make_inputs(B, T, H, K, V, jnp.dtype(a.dtype))
+    for name in ops:
+      for backend in backends:
+        if not implements(name, backend):
+          res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}",
+                                  error=f"no {backend} chunk_{name} (dispatch.support_table)"))
+          continue
+        for seg in a.segments.split(","):
+          with segments.segment_parallel(seg if seg == "auto" else int(seg)):  # traced inside
+            r = run(f"{name}/{backend} {B}x{T} segments={seg}", timer.time_op, name, backend, inputs)
+          res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", segments=seg, **r))
+          save()
+    if (B, T) == shapes[0]:
+      for name in ops if a.trace else ():
+        res["traces"][name] = run(f"trace {name}", timer.trace_op, name, backends[0], inputs,
+                                  os.path.join(a.out or ".", f"trace_{name}"))
+        save()
+      if a.profile:
+        res["profile"] = run("profile", timer.stage_profile, inputs) or {}
+        save()
+      for cfg in _variants() if a.variants else ():
+        r = run(f"variant {cfg}", timer.time_op, "gated_delta_rule", "gpu", inputs, config=cfg,
+                memory=False)
+        res["variants"].append(dict(config=cfg._asdict(), **r))
+        save()
+    del inputs
+  for Tl in map(int, a.lengths.split(",")) if a.scaling else ():
+    inp = make_inputs(65536 // Tl, Tl, H, K, V, jnp.dtype(a.dtype))
+    for backend in sorted(backends, key=lambda b: b == "xla"):  # xla last: the slowest
+      r = run(f"scaling T={Tl} {backend}", timer.time_op, "gated_delta_rule", backend, inp)
+      res["scaling"].append(dict(T=Tl, backend=backend, **r))
+      save()
+    del inp
+  print_tables(res, fla)
+  return res
+
+
+def print_tables(res, fla):
+  print("\n| op | shape | backend | segments | fwd ms | fwd+bwd ms | compile s | peak GiB | fla fwd / "
+        "fwd+bwd ms | fla/ours fwd | fla/ours fwd+bwd | fla peak GiB |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in res["rows"]:
     if "error" in r:
-      print(f"| {r['op']} | {r['backend']} | - | - | {r['error']} |")
-    else:
-      print(f"| {r['op']} | {r['backend']} | {r['fwd_ms']:.2f} | {r['fwdbwd_ms']:.2f} | {r['fwdbwd_Mtok_s']:.2f} |")
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(dict(shape=vars(a), rows=rows), f, indent=1)
-  return rows
+      print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
+            f"error: {r['error'][:80]} |")
+      continue
+    f = fla.get(r["op"], {}).get(r["shape"], {})
+    ratio = lambda key: f"{f[key] / r[key]:.2f}x" if key in f else "-"
+    fla_ms = f"{f['fwd_ms']:.3f} / {f['fwdbwd_ms']:.3f}" if "fwd_ms" in f else f.get("error", "-")[:40]
+    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
+          f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+          f"{r['compile_s']:.1f} | {r['peak_GiB']:.2f} | {fla_ms} | {ratio('fwd_ms')} | "
+          f"{ratio('fwdbwd_ms')} | {f.get('peak_GiB', '-')} |")
+  for name, table in res.get("traces", {}).items():
+    print(f"\n{name} fwd+bwd, device time per kernel:\n{table}")
+  if res["profile"]:
+    print("\nGDN stages (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in res["profile"].items()
+                                           if isinstance(v, float)))
+  for r in res["variants"]:
+    print("variant", {k: v for k, v in r["config"].items() if v != getattr(_default(), k)},
+          {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "config"})
+  for r in res["scaling"]:
+    f = fla.get("gated_delta_rule", {}).get(f"{65536 // r['T']}x{r['T']}", {})
+    print("scaling", r, "fla fwd+bwd ms", f.get("fwdbwd_ms", "-"), "fla peak GiB", f.get("peak_GiB", "-"))
+
+
+def _default():
+  from pallas_kernels.common.gpu.config import DEFAULT
+  return DEFAULT
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""The op benchmark: a row per op and backend in OUT/ops.json, its tables again from that file with
+--report, and one-line errors for an op or backend it does not know."""
+import json
+
+import pytest
+
+from pallas_kernels import bench
+from pallas_kernels.common import dispatch
+
+
+def test_every_family_has_its_arguments():
+  assert tuple(bench.ARGUMENTS) == dispatch.FAMILIES
+
+
+def test_rows_are_written_and_reported(tmp_path, capsys):
+  argv = ["--ops", "hgrn", "--backends", "reference", "--shapes", "1x64", "--hkv", "1,16,16",
+          "--calls", "1", "--reps", "1", "--out", str(tmp_path)]
+  bench.main(argv)
+  (row,) = json.load(open(tmp_path / "ops.json"))["rows"]
+  assert row["op"] == "hgrn" and row["shape"] == "1x64" and row["fwd_ms"] > 0 and row["fwdbwd_ms"] > 0
+  capsys.readouterr()
+  bench.main(["--report", "--out", str(tmp_path)])
+  assert "| hgrn | 1x64 | reference | 1 | " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [(["--ops", "nope"], "--ops: unknown op"),
+                                          (["--backends", "cuda"], "--backends: unknown backend"),
+                                          (["--report"], "--report prints the tables of OUT")])
+def test_bad_flags_say_which(argv, message, capsys, monkeypatch):
+  monkeypatch.delenv("OUT", raising=False)
+  with pytest.raises(SystemExit):
+    bench.main(argv)
+  assert message in capsys.readouterr().err
