@@ -3,9 +3,9 @@ forward and forward+backward device times, the compile time and peak memory of f
 fla's figures with fla/ours ratios when given; optionally a stage profile, tile variants and length
 scaling of the gated delta rule kernels.
 
-    python -m pallas_kernels.bench                          # every op on every backend the device runs
+    python -m pallas_kernels.bench                        # every op, every backend the device runs
     python -m pallas_kernels.bench --ops gla,hgrn --backends gpu --shapes 4x4096,8x8192 --out DIR
-    python -m pallas_kernels.bench --report --fla DIR --out DIR    # DIR/ops.json's tables, fla beside
+    python -m pallas_kernels.bench --report --fla DIR     # DIR/ops.json's tables, fla beside
         [--profile] [--trace] [--variants] [--scaling] [--segments 1,auto,4] [--interpret]
 
 The ops and the backends that implement them are `dispatch.support_table()`'s: a backend is timed
@@ -219,10 +219,12 @@ def parse_args(argv=None):
                  help="op families (pallas_kernels.common.dispatch.FAMILIES); \"\": none")
   p.add_argument("--backends", default="auto",
                  help=f"auto, or a list of {', '.join((*dispatch.IMPLEMENTATIONS, 'reference'))}")
-  p.add_argument("--shapes", default="2x1024" if on_cpu else "4x4096,8x8192", help="BxT of the op rows")
+  p.add_argument("--shapes", default="2x1024" if on_cpu else "4x4096,8x8192",
+                 help="BxT of the op rows")
   p.add_argument("--hkv", default="4,64,64" if on_cpu else "16,128,128", help="H,K,V")
   p.add_argument("--dtype", default="bfloat16", help="of q, k, v (gates are float32)")
-  p.add_argument("--calls", type=int, default=1 if on_cpu else 10, help="back-to-back calls a timing")
+  p.add_argument("--calls", type=int, default=1 if on_cpu else 10,
+                 help="back-to-back calls a timing")
   p.add_argument("--reps", type=int, default=3 if on_cpu else 7, help="timings a median")
   p.add_argument("--fla", default=None, help="a folder with fla_ops.json (benchmarks/fla_ops.py)")
   p.add_argument("--out", default=os.environ.get("OUT"),
@@ -236,7 +238,9 @@ def parse_args(argv=None):
   p.add_argument("--interpret", action="store_true", help="run the Pallas paths interpreted")
   p.add_argument("--segments", default="1", help="segment counts to time each op row at, e.g. "
                  "1,auto,4,16 (pallas_kernels.common.segments: 1 is the op whole)")
-  p.add_argument("--report", action="store_true", help="only print the tables of OUT/ops.json with --fla")
+  p.add_argument("--report", action="store_true",
+                 help="only print the tables of OUT/ops.json (default OUT: the --fla folder), "
+                 "fla's beside")
   a = p.parse_args(argv)
   unknown = [o for o in a.ops.split(",") if o and o not in ARGUMENTS]
   if unknown:
@@ -245,8 +249,9 @@ def parse_args(argv=None):
   unknown = [b for b in a.backends.split(",") if b not in known]
   if unknown:
     p.error(f"--backends: unknown backend(s) {unknown}; choose from {list(known)}")
-  if a.report and not a.out:
-    p.error("--report prints the tables of OUT/ops.json: give --out")
+  if a.report and not (a.out or a.fla):
+    p.error("--report prints the tables of OUT/ops.json (default OUT: the --fla folder): "
+            "give --out")
   return a
 
 
@@ -261,7 +266,7 @@ def main(argv=None):
         f"H={H} K={K} V={V} {a.dtype}", flush=True)
   fla = load_fla(a.fla)
   if a.report:
-    return print_tables(json.load(open(os.path.join(a.out, "ops.json"))), fla)
+    return print_tables(json.load(open(os.path.join(a.out or a.fla, "ops.json"))), fla)
   res = dict(rows=[], profile={}, variants=[], scaling=[], traces={})
   if a.out:
     os.makedirs(a.out, exist_ok=True)
