@@ -11,7 +11,8 @@ reach the hundreds) and b_t = sum_{r <= t} log f_r:
   P    = scale (q k^T) exp(L - m_t),  q~ = scale q exp(b_t + m - m_t)
   o    = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + eps)
   m'   = m_C,  w_s = exp(D_Cs + i_s - m'),  C' = exp(b_C + m - m') C + (k w)^T v,  n' likewise
-Every exp is of a masked, non-positive difference. The backward kernel differentiates exactly this,
+Every exp is of a masked, non-positive difference, with the large terms (m, i) differenced first
+and the log f sums added after (see reference.py). The backward kernel differentiates exactly this,
 including the stabilizer path (max picks its argument; ties split evenly, as jax's max does).
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Chunk(NamedTuple):
   m: jnp.ndarray       # [C, 1] the stabilizer m_t
   E: jnp.ndarray       # [C, C] exp(L - m_t), masked
   P: jnp.ndarray       # [C, C]
+  qdec: jnp.ndarray    # [C, 1] exp(b_t + m - m_t)
   qt: jnp.ndarray      # [C, K] scale q exp(b_t + m - m_t)
   num: jnp.ndarray     # [C, V]
   den: jnp.ndarray     # [C, 1]
@@ -71,15 +73,16 @@ def _chunk(st: _Static, xs, S) -> _Chunk:
   mrow = jnp.max(jnp.where(mask, L, -jnp.inf), axis=1, keepdims=True)  # the diagonal is always in
   x = b + ms
   m = jnp.maximum(x, mrow)
-  E = masked_exp(L - m, mask)
+  E = masked_exp((i_r - m) + D, mask)
   P = dot(q, k, dt, tb=True) * st.scale * E
-  qt = q.astype(F32) * (st.scale * jnp.exp(x - m))
+  qdec = jnp.exp((ms - m) + b)
+  qt = q.astype(F32) * (st.scale * qdec)
   num = dot(qt, Cs, dt) + dot(P, v, dt)
   den = jnp.sum(qt * ns, axis=1, keepdims=True) + jnp.sum(P, axis=1, keepdims=True)
   Z = jnp.maximum(jnp.abs(den), jnp.exp(-m)) + st.eps
   m_end, g = row(m, C - 1), row(b, C - 1)
-  w = jnp.exp(row_to_col(row(D, C - 1) + i_r) - m_end)
-  return _Chunk(L, mrow, x, m, E, P, qt, num, den, Z, m_end, jnp.exp(g + ms - m_end), w,
+  w = jnp.exp(row_to_col((i_r - m_end) + row(D, C - 1)))
+  return _Chunk(L, mrow, x, m, E, P, qdec, qt, num, den, Z, m_end, jnp.exp((ms - m_end) + g), w,
                 k.astype(F32) * w)
 
 
@@ -122,7 +125,7 @@ def _backward(st: _Static, xs, S, do, dS):
   # q~ = scale q exp(x - m), P = scale (q k^T) exp(L - m).
   dz = jnp.sum(dqt * c.qt, axis=1, keepdims=True)              # d(x - m)
   dQK = dP * c.E * scale
-  dq = dqt * (scale * jnp.exp(c.x - c.m)) + dot(dQK, k, dt)
+  dq = dqt * (scale * c.qdec) + dot(dQK, k, dt)
   dL = dP * c.P
   dm = dm - dz - jnp.sum(dL, axis=1, keepdims=True)
   # State: C' = decay C + (k w)^T v, n' = decay n + sum_s k_s w_s, m' = m_C.

@@ -12,8 +12,10 @@ the recurrence's own m_t = max(b_t + m, max_{s<=t} (D_ts + i_s)):
   P    = lower(scale q_t . k_s exp(D_ts + i_s - m_t));   q~ = scale q_t exp(b_t + m - m_t)
   o_t  = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + EPS)
 D and a are summed over their own ranges, not taken as differences of b (which loses precision once
-b is in the hundreds). Every exp is of a masked, non-positive difference. Padding tokens (ragged T,
-varlen re-packing) have q = k = v = 0, logf = 0 and i = -1e30, which leaves (C, n, m) unchanged.
+b is in the hundreds). Every exp is of a masked, non-positive difference, with the large terms (the
+stabilizers, the input gates) differenced first and the log f sums added after, as in reference.py.
+Padding tokens (ragged T, varlen re-packing) have q = k = v = 0, logf = 0 and i = -1e30, which
+leaves (C, n, m) unchanged.
 """
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
 
   b = chunk_local_cumsum(logf)                                       # [B, H, N, C]
   g = b[..., -1]                                                     # [B, H, N]
-  a = suffix_sum(logf) + i                                          # g - b, summed directly
-  m_loc = jnp.max(a, axis=-1)
-  k_w = k.astype(F32) * jnp.exp(a - m_loc[..., None])[..., None]     # [B, H, N, C, K]
+  suffix = suffix_sum(logf)                                          # g - b, summed directly
+  m_loc = jnp.max(suffix + i, axis=-1)
+  k_w = k.astype(F32) * jnp.exp((i - m_loc[..., None]) + suffix)[..., None]  # [B, H, N, C, K]
   C_loc = mm("bhnck,bhncv->bhnkv", k_w, v, dt)
   n_loc = jnp.sum(k_w, axis=-2)
 
@@ -62,7 +64,7 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
     Cs, ns, ms = state
     g_c, m_loc_c, C_loc_c, n_loc_c = x
     m_next = jnp.maximum(g_c + ms, m_loc_c)
-    decay, inject = jnp.exp(g_c + ms - m_next)[..., None], jnp.exp(m_loc_c - m_next)[..., None]
+    decay, inject = jnp.exp((ms - m_next) + g_c)[..., None], jnp.exp(m_loc_c - m_next)[..., None]
     nxt = (decay[..., None] * Cs + inject[..., None] * C_loc_c, decay * ns + inject * n_loc_c, m_next)
     return nxt, state
 
@@ -72,10 +74,12 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
                                    segments)
   C0, n0, m0 = (jnp.moveaxis(s, 0, 2) for s in starts)               # [B, H, N, ...]
 
-  log_d = jnp.where(causal_mask(C), segment_sums(logf[..., None])[..., 0] + i[..., None, :], -jnp.inf)
-  m_t = jnp.maximum(b + m0[..., None], jnp.max(log_d, axis=-1))      # the recurrence's m_t [B, H, N, C]
-  P = mm("bhnik,bhnjk->bhnij", q, k, dt) * scale * jnp.exp(log_d - m_t[..., None])
-  q_dec = q.astype(F32) * (scale * jnp.exp(b + m0[..., None] - m_t))[..., None]
+  mask = causal_mask(C)
+  D = segment_sums(logf[..., None])[..., 0]                         # [B, H, N, C, C]
+  m_t = jnp.maximum(b + m0[..., None], jnp.max(jnp.where(mask, D + i[..., None, :], -jnp.inf), axis=-1))
+  P = mm("bhnik,bhnjk->bhnij", q, k, dt) * scale * jnp.exp(
+      jnp.where(mask, (i[..., None, :] - m_t[..., None]) + D, -jnp.inf))
+  q_dec = q.astype(F32) * (scale * jnp.exp((m0[..., None] - m_t) + b))[..., None]
   num = mm("bhnck,bhnkv->bhncv", q_dec, C0, dt) + mm("bhnij,bhnjv->bhniv", P, v, dt)
   den = mm("bhnck,bhnk->bhnc", q_dec, n0, F32) + jnp.sum(P, axis=-1)
   o = num / (jnp.maximum(jnp.abs(den), normalizer_floor(m_t)) + EPS)[..., None]
