@@ -12,8 +12,9 @@ reach the hundreds) and b_t = sum_{r <= t} log f_r:
   o    = (q~ C + P v) / (max(|q~ . n + sum_s P_ts|, exp(-m_t)) + eps)
   m'   = m_C,  w_s = exp(D_Cs + i_s - m'),  C' = exp(b_C + m - m') C + (k w)^T v,  n' likewise
 Every exp is of a masked, non-positive difference, with the large terms (m, i) differenced first
-and the log f sums added after (see reference.py). The backward kernel differentiates exactly this,
-including the stabilizer path (max picks its argument; ties split evenly, as jax's max does).
+and the log f sums added after (see reference.py); exp(-m_t) is capped as there. The backward kernel
+differentiates exactly this, including the stabilizer path (max picks its argument; ties split
+evenly, as jax's max does).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from pallas_kernels.common.tpu import layout, state_kernel
 from pallas_kernels.common.tpu.chunk_math import (F32, causal, col_to_row, dot, iota, masked_exp,
                                                   row, row_to_col)
-from pallas_kernels.mlstm.reference import EPS
+from pallas_kernels.mlstm.reference import EPS, MAX_NEG_LOG_NORM, normalizer_floor
 from pallas_kernels.mlstm.xla import NO_INPUT
 
 
@@ -79,7 +80,7 @@ def _chunk(st: _Static, xs, S) -> _Chunk:
   qt = q.astype(F32) * (st.scale * qdec)
   num = dot(qt, Cs, dt) + dot(P, v, dt)
   den = jnp.sum(qt * ns, axis=1, keepdims=True) + jnp.sum(P, axis=1, keepdims=True)
-  Z = jnp.maximum(jnp.abs(den), jnp.exp(-m)) + st.eps
+  Z = jnp.maximum(jnp.abs(den), normalizer_floor(m)) + st.eps
   m_end, g = row(m, C - 1), row(b, C - 1)
   w = jnp.exp(row_to_col((i_r - m_end) + row(D, C - 1)))
   return _Chunk(L, mrow, x, m, E, P, qdec, qt, num, den, Z, m_end, jnp.exp((ms - m_end) + g), w,
@@ -112,10 +113,11 @@ def _backward(st: _Static, xs, S, do, dS):
   do = do.astype(F32)
   dnum = do / c.Z
   dZ = -jnp.sum(do * c.num, axis=1, keepdims=True) / (c.Z * c.Z)
-  em = jnp.exp(-c.m)
+  em = normalizer_floor(c.m)
   wa = _max_weight(jnp.abs(c.den), em)
   dden = dZ * wa * jnp.where(c.den > 0, 1.0, jnp.where(c.den < 0, -1.0, 0.0))  # d|den|: sign
-  dm = -em * dZ * (1.0 - wa)                                    # cotangent of m_t, accumulated
+  uncapped = _max_weight(c.m, -MAX_NEG_LOG_NORM)               # d min(-m, cap) / d(-m)
+  dm = -em * dZ * (1.0 - wa) * uncapped                         # cotangent of m_t, accumulated
   # num = q~ C + P v, den = q~ . n + sum_s P.
   dqt = dot(dnum, Cs, dt, tb=True) + dden * ns
   dCs = dot(c.qt, dnum, dt, ta=True) + c.decay * dC_next

@@ -7,6 +7,8 @@ interpret mode compiles a large program per shape.
 `test_lowers_for_tpu` exports forward and backward for the TPU platform (jax.export), which runs the
 Pallas -> Mosaic lowering on this host: unsupported primitives and illegal block shapes fail there.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,9 +17,16 @@ import pytest
 from tests.pallas_kernels import harness
 from tests.pallas_kernels.cases import (DELTA_RULE as DELTA, GDN, GLA, HGRN, KDA, LINEAR_ATTN as LINEAR,
                                         LINEAR_ATTN_NORMALIZED as LINEAR_NORM, MLSTM, RETENTION, RWKV6,
-                                        SIMPLE_GLA, steep)
+                                        SIMPLE_GLA, mlstm_inputs, steep)
 
 pytestmark = pytest.mark.slow
+
+
+def mlstm_with(**gates):
+  """MLSTM with its input maker's gate options (e.g. i_shift=-1e4: input gates that write nothing,
+  so the stabilizer m follows the forget gates' log decays below -80 within 130 tokens)."""
+  label = ",".join(f"{k}={v:g}" for k, v in gates.items())
+  return dataclasses.replace(MLSTM, name=f"mlstm[{label}]", make_inputs=lambda *a: mlstm_inputs(*a, **gates))
 
 # (case, T, H, K, V, dtype, varlen)
 CASES = [
@@ -45,6 +54,7 @@ CASES = [
     (MLSTM, 130, 1, 128, 128, "bfloat16", False),
     (MLSTM, 130, 1, 32, 16, "float32", True),
     (steep(MLSTM, f_shift=0.0), 65, 1, 16, 16, "float32", False),
+    (mlstm_with(i_shift=-1e4, f_shift=0.0), 130, 1, 16, 16, "float32", False),  # m below -80: capped
 ]
 
 
