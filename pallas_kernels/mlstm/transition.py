@@ -26,7 +26,7 @@ def prefix(call, args, first, scale):
 def apply(F, B, S):
   (C_B, n_B, m_B), (C, n, m) = B, S
   m_out = jnp.maximum(m + F, m_B)
-  old, new = jnp.exp(m + F - m_out), jnp.exp(m_B - m_out)
+  old, new = jnp.exp((m - m_out) + F), jnp.exp(m_B - m_out)   # m's magnitude differenced first
   return (old[..., None, None] * C + new[..., None, None] * C_B,
           old[..., None] * n + new[..., None] * n_B, m_out)
 

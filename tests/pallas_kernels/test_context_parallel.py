@@ -10,6 +10,8 @@ that starts on a slice's first token.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,6 +167,30 @@ def test_family_in_segments_equals_whole(family, varlen):
                                                ("gla", "gpu", {"interpret": True})])
 def test_backends_in_segments_equal_whole(family, backend, kw):
   check_context_parallel(FAMILIES[family], 2, True, backend=backend, split=segmented, **kw)
+
+
+def test_mlstm_combine_keeps_float32_precision_at_input_gates_of_1e4():
+  """mLSTM's log-space combine (transition.py) differences m's magnitude first: at input gates of
+  1e4 (m ~ 1e4, where float32 keeps ~1e-3) exp(m + F - m') rounded F, and 4 segments were 1e-5 to
+  8e-5 off the whole op even where the outputs are well conditioned (q, k >= 0 keep q . n away from
+  0); now they agree to float32 rounding (measured <= 4e-7). The final C and n are compared in
+  units of the whole op's m (m itself is float32: C and n inherit its rounding as a factor)."""
+  def positive(*shape):
+    x = cases.mlstm_inputs(*shape, i_shift=1e4)
+    return dict(x, q=jnp.abs(x["q"]), k=jnp.abs(x["k"]))
+  case = dataclasses.replace(cases.MLSTM, name="mlstm[i=1e4]", make_inputs=positive)
+  inputs, state, cotangents = draw(case, varlen=False)
+  (o, (C, n, m)), g = outputs_and_grads(segmented(case, 4, list(inputs), backend="xla"), inputs, state,
+                                        cotangents, None)
+  (o_ref, (C_ref, n_ref, m_ref)), g_ref = outputs_and_grads(unsharded(case, backend="xla"), inputs,
+                                                            state, cotangents, None)
+  units = np.exp(np.asarray(m, np.float64) - np.asarray(m_ref, np.float64))
+  errors = {"o": harness.rel_rms(o, o_ref), "m": harness.rel_rms(m, m_ref),
+            "C": harness.rel_rms(C * units[..., None, None], C_ref),
+            "n": harness.rel_rms(n * units[..., None], n_ref)}
+  errors.update({f"d{name}": harness.rel_rms(g[0][name], g_ref[0][name]) for name in inputs})
+  bad = {name: e for name, e in errors.items() if not e < 2e-6}
+  assert not bad, bad
 
 
 def test_segment_count_fills_the_device_and_keeps_segments_long():
