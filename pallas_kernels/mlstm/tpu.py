@@ -158,17 +158,63 @@ def _backward(st: _Static, xs, S, do, dS):
 KERNEL = state_kernel.StateKernel("mlstm", _forward, _backward)
 
 
+# The largest float32 state block [K, V] a grid step holds: 512 x 512 (1 MiB) compiles within v5e's
+# scoped VMEM beside the double-buffered state inputs and outputs; K = V = 1,024 (4 MiB) does not.
+MAX_STATE_BLOCK = 512 * 512
+LANES = 128
+
+
+def value_block(K: int, V: int) -> int:
+  """The width of the value tiles: V itself while the [K, V] state fits MAX_STATE_BLOCK (or V is
+  not a multiple of 128), else the widest multiple of 128 that divides V and fits."""
+  if K * V <= MAX_STATE_BLOCK or V % LANES:
+    return V
+  block = max(LANES, MAX_STATE_BLOCK // K // LANES * LANES)
+  while V % block:
+    block -= LANES
+  return block
+
+
+def _split_values(x, tiles: int):
+  """[A, H, ..., V] -> [A, H * tiles, ..., V / tiles]: value tile j of head h becomes head
+  h * tiles + j."""
+  A, H, *mid, V = x.shape
+  x = jnp.moveaxis(x.reshape(A, H, *mid, tiles, V // tiles), -2, 2)
+  return x.reshape(A, H * tiles, *mid, V // tiles)
+
+
+def _merge_values(x, tiles: int):
+  """The inverse of `_split_values`."""
+  A, Ht, *mid, BV = x.shape
+  x = jnp.moveaxis(x.reshape(A, Ht // tiles, tiles, *mid, BV), 2, -2)
+  return x.reshape(A, Ht // tiles, *mid, tiles * BV)
+
+
 def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, interpret=False,
                 chunk_size: int = 64):
   """q, k [B, T, H, K]; v [B, T, H, V]; i, f [B, T, H] pre-activations.
 
   Returns (o [B, T, H, V] in q.dtype, (C [N, H, K, V], n [N, H, K], m [N, H]) float32), exactly
   like xla.py.
+
+  Heads whose state exceeds MAX_STATE_BLOCK split V into tiles (`value_block`): each column of C
+  evolves on its own, so each tile runs as a head of its own on the head grid axis, with its
+  [K, V / tiles] slices of C and v and with q, k and the gate rows repeated; n and m do not depend
+  on V, so every tile computes them alike and tile 0's are returned (autodiff sums the tiles'
+  gradients of what they share).
   """
-  p, qkv = layout.qkv_inputs(q, k, v, cu_seqlens, chunk_size)
+  tiles = v.shape[-1] // value_block(q.shape[-1], v.shape[-1])
+  p, (q, k, v) = layout.qkv_inputs(q, k, v, cu_seqlens, chunk_size)
   C0, n0, m0 = initial_state
   logf = layout.to_rows(layout.to_kernel(jax.nn.log_sigmoid(f.astype(F32)), p, F32), p)
-  xs = (*qkv, logf, layout.to_rows(layout.to_kernel(i, p, F32, pad_value=NO_INPUT), p))
+  i = layout.to_rows(layout.to_kernel(i, p, F32, pad_value=NO_INPUT), p)
+  n0, m0 = n0[:, :, None], m0[:, :, None, None]
+  if tiles > 1:
+    q, k, logf, i, n0, m0 = (jnp.repeat(x, tiles, axis=1) for x in (q, k, logf, i, n0, m0))
+    v, C0 = _split_values(v, tiles), _split_values(C0, tiles)
   st = _Static(p.N, p.C, float(scale), EPS, interpret)
-  o, (C, n, m) = state_kernel.run(KERNEL, st, p, xs, (C0, n0[:, :, None], m0[:, :, None, None]))
+  o, (C, n, m) = state_kernel.run(KERNEL, st, p, (q, k, v, logf, i), (C0, n0, m0))
+  if tiles > 1:
+    o, C = _merge_values(o, tiles), _merge_values(C, tiles)
+    n, m = n[:, ::tiles], m[:, ::tiles]
   return layout.from_kernel(o, p), (C, n[:, :, 0], m[:, :, 0, 0])

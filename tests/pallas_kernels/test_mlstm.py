@@ -9,6 +9,7 @@ import pytest
 from jax import lax
 
 from pallas_kernels.mlstm import chunk_mlstm, fused_recurrent_mlstm
+from pallas_kernels.mlstm.tpu import value_block
 from tests.pallas_kernels import harness
 from tests.pallas_kernels.cases import MLSTM, mlstm_inputs, mlstm_state
 from tests.pallas_kernels.test_float64 import directional_errors, mlstm64
@@ -100,6 +101,14 @@ def test_definition_by_hand():
     np.testing.assert_allclose(C_out[0, 0], C, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(n_out[0, 0], n, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(m_out[0, 0], m, rtol=1e-6)
+
+
+def test_tpu_value_tiles():
+  """The TPU kernel keeps V whole up to a 512 x 512 state and splits larger ones into tiles of
+  128-lane multiples that divide V."""
+  assert [value_block(K, V) for K, V in [(128, 128), (512, 512), (256, 1024), (1024, 1024),
+                                         (1024, 384), (2048, 2048), (1024, 100)]] == [
+      128, 512, 1024, 256, 128, 128, 100]
 
 
 def test_bad_inputs_raise_clear_errors():

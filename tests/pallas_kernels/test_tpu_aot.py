@@ -75,3 +75,10 @@ def test_varlen_and_context_parallel_compile():
   base = Item("gated_delta_rule", **SMALL)
   for item in (dataclasses.replace(base, B=2, varlen=True), dataclasses.replace(base, context=2)):
     assert compile_item(item)["flops"] > 1e6, item
+
+
+@pytest.mark.tpu_aot
+def test_mlstm_compiles_at_the_largest_preset_head():
+  """K = V = 1,024 (the 1.3B preset): the state's value tiles fit v5e's scoped VMEM."""
+  result = compile_item(Item("mlstm", **dict(SMALL, H=1, K=1024, V=1024)))
+  assert result["flops"] > 1e6, result

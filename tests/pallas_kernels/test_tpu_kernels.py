@@ -55,6 +55,7 @@ CASES = [
     (MLSTM, 130, 1, 32, 16, "float32", True),
     (steep(MLSTM, f_shift=0.0), 65, 1, 16, 16, "float32", False),
     (mlstm_with(i_shift=-1e4, f_shift=0.0), 130, 1, 16, 16, "float32", False),  # m below -80: capped
+    (MLSTM, 70, 1, 1024, 512, "float32", True),   # K * V > MAX_STATE_BLOCK: two value tiles
 ]
 
 
