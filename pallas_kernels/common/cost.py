@@ -89,8 +89,9 @@ def kernel_cost(call, *operands, loop_trips: int | None = None) -> pl.CostEstima
   read at run time (a decode kernel's tokens per sequence), which the trace cannot see.
 
   A site builds the call twice: `call = functools.partial(pl.pallas_call, kernel, ...)`, then
-  `call(cost_estimate=kernel_cost(call(), *args))(*args)`."""
-  structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands]
+  `call(cost_estimate=kernel_cost(call(), *args))(*args)`. An absent operand (None: the kernel
+  gets a None ref) stays None."""
+  structs = [None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands]
   (eqn,) = [e for e in jax.make_jaxpr(call)(*structs).jaxpr.eqns if e.primitive.name == "pallas_call"]
   flops, transcendentals = _count(eqn.params["jaxpr"], loop_trips)
   steps = math.prod(eqn.params["grid_mapping"].grid)

@@ -195,7 +195,7 @@ def _chunk_gdn(st: Static, q, k, v, g, beta, h0, starts, ends):
 def _chunk_gdn_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
   w, u, Tinv = _wy_fwd(k, v, G, beta, st)
-  o, ht = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
+  o, ht, _ = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
   return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, starts, ends)
 
 

@@ -3,17 +3,19 @@
 The math is xla.py's chunked form (README.md). G is the chunk-local gate cumsum [C, K] (float32), G_C
 its last row, Gq the query side's (G for GLA; G - g for RWKV-6, which reads the state before its
 token), C = 64. The per-channel decays are formed once, by chunk-parallel kernels, so the two
-sequential passes (gpu_state.py) are a few dots per chunk, as for a scalar gate:
+sequential passes (common/gpu's chunk_state and chunk_dh, per-channel gates with the scores given)
+are a few dots per chunk, as for a scalar gate:
 
 forward
   1. `_gate_cumsum` grid (NT, B*H): G (written once; every later kernel reads it).
   2. `_intra`       grid (NT, B*H): the intra-chunk scores A (scale included, input dtype), and the
                     decayed queries and keys qd = scale q exp(Gq), kd = k exp(G_C - G).
-  3. `state_pass`   grid (V/BV, B*H): o = qd h + A v, the chunk-start states h (input dtype, kept for
-                    the backward; not written by a forward that is not differentiated), final state.
+  3. `chunk_state.state_pass` grid (V/BV, B*H): o = qd h + A v, the chunk-start states h (input
+                    dtype, kept for the backward; not written by a forward that is not
+                    differentiated), final state.
 backward (residuals: the inputs, G, A, qd, kd and h)
-  4. `dh_pass`      grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each chunk end),
-                    d initial_state and dv = A^T do + kd dh.
+  4. `chunk_dh.dh_pass` grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each chunk
+                    end), d initial_state and dv = A^T do + kd dh.
   5. `_dqkg`        grid (K/BK, NT, B*H): dA = scale do v^T, dq and dk (state parts plus the
                     intra-chunk parts) and dg, the reverse chunk-local cumsum of dG = q dq - k dk plus
                     the decay's gradient at the chunk end, sum_v dh (exp(G_C) h + kd^T v), which
@@ -28,10 +30,11 @@ bonus u for RWKV-6) is a row sum. The per-channel products are exact per key til
 over tiles. Tile axes come first in the grids: Triton launches axis 0 fastest, so programs that read
 the same head and chunk run side by side and share their inputs through L2.
 
-Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels);
-bf16, f16 and f32; initial_state, final state, cu_seqlens (re-packed chunk-aligned by
-common.varlen). Matmul operands are in the input dtype with a float32 accumulator; the state, the
-gates and the accumulators are float32.
+Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels,
+by common/gpu/layout.py's `run_chunked`); bf16, f16 and f32; initial_state, final state, cu_seqlens
+(re-packed chunk-aligned by common.varlen). Matmul operands are in the input dtype with a float32
+accumulator; the state, the gates and the accumulators are float32.
+`fused_recurrent_gla` is common/gpu/fused_recurrent.py's decode kernel with the per-channel gate.
 """
 from __future__ import annotations
 
@@ -43,34 +46,26 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common import varlen
+from pallas_kernels.common.gpu import chunk_dh, chunk_state, config as shared_config
+from pallas_kernels.common.gpu.config import CHUNK, Static
+from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
-from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, next_pow2, pad_axis
+from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, launch, run_chunked, sds
 from pallas_kernels.gla import reference
-from pallas_kernels.gla.gpu_state import CHUNK, call, dh_pass, sds, state_pass
 
 
 class Config(NamedTuple):
-  """Tile sizes and launch parameters."""
-  bv_state: int = 32      # value tile of the state and dh passes
-  warps_state: int = 4
-  stages_state: int = 2
+  """Tile sizes and launch parameters: the shared state passes' (`shared`: bv_state, warps_state,
+  stages_state, bk_state; stages_chunk, which GLA's chunk kernels take too) and GLA's own
+  kernels'."""
+  shared: shared_config.Config = shared_config.DEFAULT
   bk_intra: int = 128     # key slice the intra kernel loops over (registers, not the grid)
   warps_intra: int = 8
   bk_dqkg: int = 32       # key tile (grid axis) of the dq/dk/dg kernel
   warps_dqkg: int = 4
-  stages_chunk: int = 1   # chunk-parallel kernels
 
 
 DEFAULT = Config()
-
-
-class _Static(NamedTuple):
-  scale: float
-  varlen: bool
-  interpret: bool
-  cfg: Config
-  exclusive: bool = False  # RWKV-6: o_t reads S_{t-1} (Gq = G - g, strict intra-chunk mask)
 
 
 def unsupported(q, k, v, g=None, *_, **__) -> str | None:
@@ -127,13 +122,12 @@ def _cumsum_kernel(g_ref, G_ref):
   G_ref[...] = jnp.cumsum(g_ref[...], axis=0)
 
 
-def _gate_cumsum(g, st: _Static):
+def _gate_cumsum(g, st: Static):
   """G [B, T, H, K] float32: the cumsum of g within each chunk."""
   B, T, H, K = g.shape
   sp = Specs(H, CHUNK, T)
-  return call(_cumsum_kernel, (sp.NT, B * H), [sp.chunk_tok(K)], sp.chunk_tok(K),
-              sds(g.shape, F32), interpret=st.interpret, warps=st.cfg.warps_intra,
-              stages=st.cfg.stages_chunk)(g)
+  return launch(_cumsum_kernel, (sp.NT, B * H), [sp.chunk_tok(K)], sp.chunk_tok(K),
+                sds(g.shape, F32), st, st.family_cfg.warps_intra, st.cfg.stages_chunk)(g)
 
 
 # --- 2. forward: intra-chunk scores and the decayed queries and keys ------------------------------
@@ -162,21 +156,23 @@ def _intra_kernel(*refs, scale, exclusive, bk):
   a_ref[...] = (jnp.where(_eye(C), diag[:, None], A) * scale).astype(a_ref.dtype)
 
 
-def _intra(q, k, G, g, u, st: _Static):
+def _intra(q, k, G, g, u, st: Static):
   """Returns A [B, T, H, C] (row t: token t's scores over its chunk), qd and kd [B, T, H, K], all in
-  the input dtype."""
+  the input dtype. With the bonus u (RWKV-6) the exclusive mode: o_t reads S_{t-1} (Gq = G - g,
+  strict intra-chunk mask)."""
   B, T, H, K = q.shape
   sp = Specs(H, CHUNK, T)
+  exclusive = u is not None
   args, specs = [q, k, G], [sp.chunk_tok(K)] * 3
-  if st.exclusive:
+  if exclusive:
     args += [g, u]
     specs += [sp.chunk_tok(K), pl.BlockSpec((None, K), lambda n, bh: (bh % H, 0))]
-  kern = functools.partial(_intra_kernel, scale=st.scale, exclusive=st.exclusive,
-                           bk=min(st.cfg.bk_intra, K))
-  return call(kern, (sp.NT, B * H), specs, [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)],
-              [sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)],
-              interpret=st.interpret, warps=st.cfg.warps_intra,
-              stages=st.cfg.stages_chunk)(*args)
+  kern = functools.partial(_intra_kernel, scale=st.scale, exclusive=exclusive,
+                           bk=min(st.family_cfg.bk_intra, K))
+  return launch(kern, (sp.NT, B * H), specs,
+                [sp.chunk_tok(CHUNK), sp.chunk_tok(K), sp.chunk_tok(K)],
+                [sds((B, T, H, CHUNK), q.dtype), sds(q.shape, q.dtype), sds(q.shape, q.dtype)],
+                st, st.family_cfg.warps_intra, st.cfg.stages_chunk)(*args)
 
 
 # --- 5. backward: dq, dk, dg ----------------------------------------------------------------------
@@ -230,46 +226,47 @@ def _dqkg_kernel(*refs, scale, exclusive):
   dg_ref[...] = dg
 
 
-def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: _Static):
+def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: Static):
   """Returns dq, dk (input dtype), dg [B, T, H, K] (float32, the raw gate's gradient) and, for
-  RWKV-6, du [H, K] (float32)."""
+  RWKV-6 (the bonus u given), du [H, K] (float32)."""
   B, T, H, K = q.shape
   V = v.shape[-1]
-  BK = min(st.cfg.bk_dqkg, K)
+  BK = min(st.family_cfg.bk_dqkg, K)
+  exclusive = u is not None
   C = CHUNK
   tile = pl.BlockSpec((None, C, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik))
   full = pl.BlockSpec((None, C, None, V), lambda ik, n, bh: (bh // H, n, bh % H, 0))
   state = pl.BlockSpec((None, None, None, BK, V), lambda ik, n, bh: (bh // H, n, bh % H, ik, 0))
   args, specs = [q, k, G], [tile] * 3
   outs, out_specs = [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(q.shape, F32)], [tile] * 3
-  if st.exclusive:
+  if exclusive:
     args += [g, u]
     specs += [tile, pl.BlockSpec((None, BK), lambda ik, n, bh: (bh % H, ik))]
     outs.append(sds((B, T // C, H, K), F32))   # du per chunk, summed below
     out_specs.append(pl.BlockSpec((None, None, None, BK),
                                   lambda ik, n, bh: (bh // H, n, bh % H, ik)))
-  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=st.exclusive)
-  dq, dk, dg, *du = call(kern, (K // BK, T // C, B * H), specs + [tile, full, full, state, state],
-                         out_specs, outs, interpret=st.interpret, warps=st.cfg.warps_dqkg,
-                         stages=st.cfg.stages_chunk)(*args, kd, v, do, h, dh)
+  kern = functools.partial(_dqkg_kernel, scale=st.scale, exclusive=exclusive)
+  dq, dk, dg, *du = launch(kern, (K // BK, T // C, B * H), specs + [tile, full, full, state, state],
+                           out_specs, outs, st, st.family_cfg.warps_dqkg, st.cfg.stages_chunk)(
+                               *args, kd, v, do, h, dh)
   return dq, dk, dg, (jnp.sum(du[0], axis=(0, 1)) if du else None)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------
 
-def _forward(st: _Static, q, k, v, g, u, h0, starts, ends, *, want_h):
+def _forward(st: Static, q, k, v, g, u, h0, starts, ends, *, want_h):
   """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
-  cfg = st.cfg
   G = _gate_cumsum(g, st)
   A, qd, kd = _intra(q, k, G, g, u, st)
-  o, ht, h = state_pass(qd, kd, v, A, G, h0, starts, ends, want_h=want_h, varlen_=st.varlen,
-                        interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
-                        stages=cfg.stages_state)
+  o, ht, h = chunk_state.state_pass(qd, kd, None, v, G, h0, starts, ends, st, want_o=True,
+                                    scores=A, keep_h=want_h)
   return o, ht, (G, A, qd, kd, h)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gla(st: _Static, q, k, v, g, u, h0, starts, ends):
+def _gla(st: Static, q, k, v, g, u, h0, starts, ends):
+  """(o, final state) of padded inputs; g [B, T, H, K] float32, u None or [H, K]
+  (layout.run_chunked's `core`)."""
   o, ht, _ = _forward(st, q, k, v, g, u, h0, starts, ends, want_h=False)
   return o, ht
 
@@ -283,10 +280,7 @@ def _gla_bwd(st, res, cts):
   q, k, v, g, u, G, A, qd, kd, h, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  cfg = st.cfg
-  dh, dv, dh0 = dh_pass(qd, kd, A, do, G, dht.astype(F32), starts, ends, varlen_=st.varlen,
-                        interpret=st.interpret, bv=cfg.bv_state, warps=cfg.warps_state,
-                        stages=cfg.stages_state)
+  dh, dv, dh0 = chunk_dh.dh_pass(qd, kd, None, do, G, dht.astype(F32), starts, ends, st, scores=A)
   dq, dk, dg, du = _dqkg(q, k, v, G, g, u, kd, do, h, dh, st)
   return dq, dk, dv, dg, du, dh0, None, None
 
@@ -296,37 +290,12 @@ _gla.defvjp(_gla_fwd, _gla_bwd)
 
 def run_chunk(q, k, v, g, u=None, *, scale, initial_state, cu_seqlens=None, interpret=False,
               config: Config = DEFAULT):
-  """The kernels' entry for GLA and, with the bonus u [H, K], RWKV-6 (o_t reads S_{t-1}).
-
-  Pads K and V to powers of two, T to whole chunks (or re-packs cu_seqlens chunk-aligned), runs the
-  custom_vjp kernels and undoes the padding. Shapes as `chunk_gla`.
-  """
-  reason = unsupported(q, k, v, g)
-  if reason:
-    raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
-  B, T, H, K = q.shape
-  V, dt, C = v.shape[-1], q.dtype, CHUNK
-  Kp, Vp = next_pow2(K), next_pow2(V)
-  k, v, g = k.astype(dt), v.astype(dt), g.astype(F32)
-
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    q, k, v, g = (varlen.pack(x, layout) for x in (q, k, v, g))
-    starts, ends = layout.segments
-  else:
-    q, k, v, g = (pad_axis(x, 1, -(-T // C) * C) for x in (q, k, v, g))
-    starts = ends = jnp.zeros((1,), jnp.int32)
-  q, k, g = (pad_axis(x, 3, Kp) for x in (q, k, g))
-  v = pad_axis(v, 3, Vp)
-  h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
-  if u is not None:
-    u = pad_axis(u.astype(F32), 1, Kp)
-  st = _Static(float(scale), cu_seqlens is not None, bool(interpret), config, u is not None)
-  o, S = _gla(st, q, k, v, g, u, h0, starts, ends)
-  o = o[..., :V]
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S[:, :, :K, :V]
+  """The kernels' entry for GLA and, with the bonus u [H, K], RWKV-6 (o_t reads S_{t-1}): the
+  custom_vjp kernels through common/gpu/layout.py's `run_chunked` (padding, varlen re-packing).
+  Shapes as `chunk_gla`."""
+  return run_chunked(_gla, q, k, v, (g,), (u,), scale=scale, initial_state=initial_state,
+                     cu_seqlens=cu_seqlens, interpret=interpret, config=config.shared,
+                     family_config=config, check=unsupported)
 
 
 def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, interpret=False,
@@ -339,92 +308,17 @@ def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, interpret=Fa
                    interpret=interpret, config=config)
 
 
-# --- token by token (decode) ----------------------------------------------------------------------
-
-def _recurrent_kernel(*refs, scale, varlen_, H, bonus):
-  """S = diag(exp(g_t)) S + k_t v_t^T, o_t = S^T (scale q_t); with the bonus u (RWKV-6) o_t reads
-  S_{t-1} + diag(u) k_t v_t^T instead. A float32 [K, BV] state tile per program."""
-  refs = list(refs)
-  cu_ref = refs.pop(0) if varlen_ else None
-  u_ref = refs.pop(4) if bonus else None
-  q_ref, k_ref, v_ref, g_ref, h0_ref, o_ref, ht_ref = refs
-
-  def body(t, S):
-    q, k, v = (r[t, :].astype(F32) for r in (q_ref, k_ref, v_ref))
-    kv = k[:, None] * v[None, :]
-    S_next = S * jnp.exp(g_ref[t, :])[:, None] + kv
-    read = S + u_ref[...][:, None] * kv if bonus else S_next
-    o_ref[t, :] = jnp.sum(read * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
-    return S_next
-
-  if varlen_:
-    n = pl.program_id(0) // H
-    lo, hi = cu_ref[n], cu_ref[n + 1]
-  else:
-    lo, hi = 0, q_ref.shape[0]
-  ht_ref[...] = lax.fori_loop(lo, hi, body, h0_ref[...].astype(F32))
-
-
-def _recurrent_forward(q, k, v, g, u, h0, cu_seqlens, *, scale, interpret, bv=32, warps=4):
-  """Padded inputs (K, V powers of two); g [B, T, H, K] float32; u None or [H, K] float32.
-  Grid (N * H, V / BV): each program walks the tokens of one sequence (cu_seqlens: B == 1)."""
-  B, T, H, K = q.shape
-  V, N = v.shape[-1], h0.shape[0]
-  BV = min(bv, V)
-  varlen_ = cu_seqlens is not None
-  seq = (lambda nh: 0) if varlen_ else (lambda nh: nh // H)  # the batch row of program nh
-  tok = lambda D, tiled: pl.BlockSpec((None, T, None, D),
-                                      lambda nh, iv: (seq(nh), 0, nh % H, iv if tiled else 0))
-  state = pl.BlockSpec((None, None, K, BV), lambda nh, iv: (nh // H, nh % H, 0, iv))
-  in_specs = [tok(K, False), tok(K, False), tok(BV, True), tok(K, False), state]
-  args = [q, k, v, g, h0]
-  if u is not None:
-    in_specs.insert(4, pl.BlockSpec((None, K), lambda nh, iv: (nh % H, 0)))
-    args.insert(4, u)
-  if varlen_:
-    in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
-    args.insert(0, cu_seqlens.astype(jnp.int32))
-  kern = functools.partial(_recurrent_kernel, scale=scale, varlen_=varlen_, H=H,
-                           bonus=u is not None)
-  return call(kern, (N * H, V // BV), in_specs, [tok(BV, True), state],
-              [sds(v.shape, q.dtype), sds(h0.shape, F32)], interpret=interpret, warps=warps,
-              stages=1, loop_trips=B * T // N)(*args)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _recurrent(q, k, v, g, u, h0, cu_seqlens, static):
-  scale, interpret = static
-  K, V = q.shape[-1], v.shape[-1]
-  Kp, Vp = next_pow2(K), next_pow2(V)
-  pad_k = lambda x: pad_axis(x, 3, Kp)
-  o, S = _recurrent_forward(pad_k(q), pad_k(k.astype(q.dtype)), pad_axis(v.astype(q.dtype), 3, Vp),
-                            pad_k(g.astype(F32)),
-                            None if u is None else pad_axis(u.astype(F32), 1, Kp),
-                            pad_axis(pad_axis(h0, 2, Kp), 3, Vp), cu_seqlens, scale=scale,
-                            interpret=interpret)
-  return o[..., :V], S[:, :, :K, :V]
-
-
-def _recurrent_fwd(q, k, v, g, u, h0, cu_seqlens, static):
-  return _recurrent(q, k, v, g, u, h0, cu_seqlens, static), (q, k, v, g, u, h0, cu_seqlens)
-
-
-def _recurrent_bwd(static, res, cts):
-  """The gradient of the float32 reference recurrence (decoding needs none; training runs the
-  chunked kernels)."""
-  q, k, v, g, u, h0, cu_seqlens = res
-  f = lambda q, k, v, g, u, h0: reference.fused_recurrent_gla(
-      q, k, v, g, scale=static[0], initial_state=h0, cu_seqlens=cu_seqlens, u=u)
-  _, vjp = jax.vjp(f, q, k, v, g, u, h0)
-  return (*vjp(cts), None)
-
-
-_recurrent.defvjp(_recurrent_fwd, _recurrent_bwd)
+def _reference(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, u=None):
+  """The float32 recurrence behind the decode kernel's gradient (no beta: GLA has no delta rule)."""
+  del beta
+  return reference.fused_recurrent_gla(q, k, v, g, scale=scale, initial_state=initial_state,
+                                       cu_seqlens=cu_seqlens, u=u)
 
 
 def recurrent(q, k, v, g, u=None, *, scale, initial_state, cu_seqlens=None, interpret=False):
   """GLA (or with u, RWKV-6) token by token. Shapes as `fused_recurrent_gla`; u [H, K]."""
-  return _recurrent(q, k, v, g, u, initial_state, cu_seqlens, (float(scale), bool(interpret)))
+  return fused_recurrent(q, k, v, g, None, scale=scale, initial_state=initial_state,
+                         cu_seqlens=cu_seqlens, interpret=interpret, u=u, reference=_reference)
 
 
 def fused_recurrent_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, interpret=False):

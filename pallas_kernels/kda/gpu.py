@@ -311,7 +311,7 @@ def _chunk_kda_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK, axis=1)
   A, P, qg, kg = _scores_fwd(q, k, G, beta, st)
   w, u, Tinv = _wy_fwd(k, v, G, beta, A, st)
-  o, ht = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
+  o, ht, _ = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
   return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends)
 
 

@@ -32,7 +32,7 @@ def _chunk_simple_gla(st: Static, q, k, v, g, h0, starts, ends):
 
 def _chunk_simple_gla_fwd(st, q, k, v, g, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
-  o, ht = chunk_state.state_pass(q, k, None, v, G, h0, starts, ends, st, want_o=True)
+  o, ht, _ = chunk_state.state_pass(q, k, None, v, G, h0, starts, ends, st, want_o=True)
   return (o, ht), (q, k, v, G, h0, starts, ends)
 
 

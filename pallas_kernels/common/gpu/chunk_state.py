@@ -13,9 +13,10 @@ exp(G_C - G) scale q and k entry by entry and exp(G_C) the state's rows. Which o
 gate array's rank), so the scalar path compiles to the code it always had. Per-channel decays do not
 factor out of q k^T, so that path takes the intra-chunk scores P precomputed (`scores`) and q and k
 already gated, scale exp(G) q and exp(G_C - G) k (the family's chunk-parallel kernel forms all
-three), so its serial chunk loop does no exps but the [K] row exp(G_C). With `want_o` the pass writes o and the final state (the forward);
-without it the chunk-start states h and, for the delta rule, v' (the backward recomputes them
-instead of the forward storing them).
+three), so its serial chunk loop does no exps but the [K] row exp(G_C). With `want_o` the pass writes o and the final state (the forward),
+and with `keep_h` also the chunk-start states h (GLA keeps them for its backward); without `want_o`
+it writes h and, for the delta rule, v' (the backward recomputes them instead of the forward
+storing them).
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, deca
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
 
 
-def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_scores, bk):
-  """Forward chunk loop. want_o: write o; else h (chunk-start states) and (delta) v'; want_final
-  (always with want_o): the final state. Without delta there is no w and v' = u = v.
+def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_h, want_final, delta, given_scores, bk):
+  """Forward chunk loop. want_o: write o; want_h: h (the chunk-start states); without want_o,
+  (delta) v'; want_final (always with want_o): the final state. Without delta there is no w and
+  v' = u = v.
   Per-channel gates (g_ref [T, K]): q and k arrive gated and P (given_scores, with want_o) is read,
   not computed. The state is a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
   refs = list(refs)
@@ -50,12 +52,10 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_
   starts_ref, ends_ref = (refs.pop(0), refs.pop(0)) if is_varlen else (None, None)
   if want_final and is_varlen:
     refs.pop(0)  # the final-state buffer's initial content (aliased to fin_ref)
-  if want_o:
-    o_ref, fin_ref = refs
-  else:
-    h_ref = refs.pop(0)
-    vn_ref = refs.pop(0) if delta else None
-    fin_ref = refs.pop(0) if want_final else None
+  o_ref = refs.pop(0) if want_o else None
+  h_ref = refs.pop(0) if want_h else None
+  vn_ref = refs.pop(0) if delta and not want_o else None
+  fin_ref = refs.pop(0) if want_final else None
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -67,7 +67,7 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_
     sl = pl.ds(t0, C)
     if is_varlen:
       S = state_at_flag(starts_ref, c, h0_ref, S, rows)
-    if not want_o:
+    if want_h:
       for r, s in zip(rows, S):
         h_ref[c, r, :] = s.astype(h_ref.dtype)
     per_channel = len(g_ref.shape) == 2
@@ -115,7 +115,8 @@ def _state_kernel(*refs, NT, scale, is_varlen, want_o, want_final, delta, given_
       fin_ref[r, :] = s
 
 
-def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores=None):
+def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores=None,
+               keep_h: bool = False):
   """Padded, chunk-aligned inputs: q, k, w [B, T, H, K] (q only with want_o; w None without the
   delta correction), u [B, T, H, V] (v' before the correction: v itself without it), G the
   chunk-local cumsums, [B, H, T] (scalar gates) or [B, T, H, K] (per-channel gates: then q and k
@@ -123,25 +124,28 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
   token t's scale q_t k_j^T exp(G_t - G_j) over its chunk, zero for j > t, all in the input
   dtype), h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
 
-  want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32); else (h [B, NT, H, K, V],
-  v' [B, T, H, V] or None without delta), in the input dtype. With want_o and `split_output` (above
-  K = 128 by default) the loop writes h, v' and the final state and chunk_o.output_pass forms o.
+  want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32, h [B, NT, H, K, V] with
+  keep_h, else None); else (h, v' [B, T, H, V] or None without delta), in the input dtype. With
+  want_o and `split_output` (above K = 128 by default) the loop writes h, v' and the final state
+  and chunk_o.output_pass forms o.
   """
   delta = w is not None
   if want_o and split_output(st.cfg, k.shape[-1], G.ndim == 4):
-    outs = _run_state_pass(None, k, w, u, G, h0, starts, ends, st, False, True, None)
+    outs = _run_state_pass(None, k, w, u, G, h0, starts, ends, st, False, False, True, None)
     vn = outs[1] if delta else u
-    return chunk_o.output_pass(q, k, G, outs[0], vn, st), outs[-1]
-  outs = _run_state_pass(q, k, w, u, G, h0, starts, ends, st, want_o, False, scores)
+    o = chunk_o.output_pass(q, k, G, outs[0], vn, st)
+    return o, outs[-1], (outs[0] if keep_h else None)
+  outs = _run_state_pass(q, k, w, u, G, h0, starts, ends, st, want_o, keep_h, False, scores)
   if want_o:
-    return tuple(outs)
+    o, *h, final = outs
+    return o, final, (h[0] if keep_h else None)
   return outs[0], (outs[1] if delta else None)
 
 
-def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, want_final: bool,
-                    scores):
-  """One launch of _state_kernel, its outputs: want_o (o, final state); else h, then v' (delta)
-  and the final state (want_final) where present."""
+def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, keep_h: bool,
+                    want_final: bool, scores):
+  """One launch of _state_kernel, its outputs: want_o (o, h with keep_h, final state); else h,
+  then v' (delta) and the final state (want_final) where present."""
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
   BV = value_tile(V, st.cfg.bv_state)
@@ -153,7 +157,8 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, w
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           want_o=want_o, want_final=want_final, delta=delta,
+                           want_o=want_o, want_h=keep_h or not want_o, want_final=want_final,
+                           delta=delta,
                            given_scores=given_scores, bk=state_key_block(st.cfg, K, per_channel))
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   keys = ([q] if want_o else []) + [k] + ([w] if delta else [])
@@ -166,8 +171,8 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, w
     args += [starts, ends]
     in_specs += [sp.seq_flags()] * 2
   if want_o:
-    out_specs = [sp.seq_tok(BV, True)]
-    out_shape = [sds((B, T, H, V), k.dtype)]
+    out_specs = [sp.seq_tok(BV, True)] + [sp.seq_state(K, BV)] * keep_h
+    out_shape = [sds((B, T, H, V), k.dtype)] + [sds((B, sp.NT, H, K, V), k.dtype)] * keep_h
   else:
     out_specs = [sp.seq_state(K, BV), sp.seq_tok(BV, True)][:1 + delta]
     out_shape = [sds((B, sp.NT, H, K, V), k.dtype), sds((B, T, H, V), k.dtype)][:1 + delta]

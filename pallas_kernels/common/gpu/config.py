@@ -44,7 +44,8 @@ class Static(NamedTuple):
   scale: float
   is_varlen: bool   # packed sequences (cu_seqlens): states reset at the chunk-aligned boundaries
   interpret: bool
-  cfg: Config
+  cfg: Config       # the shared stages' tiles and launch parameters
+  family_cfg: NamedTuple | None = None  # those of the family's own kernels (its `Config`), if any
 
 
 def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:

@@ -137,11 +137,20 @@ def sds(shape, dtype):
 def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stages, aliases=None):
   """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its
   inputs."""
-  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
-                           out_specs=out_specs, out_shape=out_shape,
-                           input_output_aliases=aliases or {},
-                           compiler_params=compiler_params(warps, stages), interpret=st.interpret)
-  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
+  return call(kernel, grid, in_specs, out_specs, out_shape, interpret=st.interpret, warps=warps,
+              stages=stages, aliases=aliases)
+
+
+def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None,
+         loop_trips=None):
+  """`launch` for kernels outside a chunked custom_vjp (no `Static`); `loop_trips`: the trip count
+  of a loop whose bounds are read from refs, for the cost estimate (`kernel_cost`)."""
+  pallas = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
+                             out_specs=out_specs, out_shape=out_shape,
+                             input_output_aliases=aliases or {},
+                             compiler_params=compiler_params(warps, stages), interpret=interpret)
+  return lambda *args: pallas(cost_estimate=kernel_cost(pallas(), *args,
+                                                        loop_trips=loop_trips))(*args)
 
 
 # --- the input prologue of the chunked ops --------------------------------------------------------
@@ -175,18 +184,23 @@ def value_tile(V: int, bv: int) -> int:
   return bv
 
 
-def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
-                interpret=False, config: Config = DEFAULT):
+def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_seqlens=None,
+                interpret=False, config: Config = DEFAULT, family_config=None,
+                check=unsupported):
   """Runs a family's chunked custom_vjp `core` on padded, chunk-aligned inputs.
 
   q, k [B, T, H, K]; v [B, T, H, V]; gates: a tuple of per-token scalars [B, T, H] (log decays,
-  beta; None reads as zeros) or per-channel log decays [B, T, H, K].
-  `core(st: Static, q, k, v, *gates, h0, starts, ends)` gets the gates in float32, scalars
-  head-major [B, H, T] and per-channel ones [B, T, H, K] (K padded), and returns (o, final state)
-  of the padded problem; `starts`/`ends` are the varlen segment flags per chunk (a dummy [1]
-  otherwise). Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
+  beta; None reads as zeros) or per-channel log decays [B, T, H, K]; per_head: a tuple of
+  per-head parameters [H, K] (RWKV-6's bonus u) or None.
+  `core(st: Static, q, k, v, *gates, *per_head, h0, starts, ends)` gets the gates in float32,
+  scalars head-major [B, H, T] and per-channel ones [B, T, H, K] (K padded), the per-head
+  parameters float32 with K padded, and returns (o, final state) of the padded problem;
+  `starts`/`ends` are the varlen segment flags per chunk (a dummy [1] otherwise). `family_config`
+  becomes `st.family_cfg`; `check(q, k, v, *gates)` says why the kernels cannot run the inputs
+  (the family's dispatch hook, where its kernels have limits of their own).
+  Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
   """
-  reason = unsupported(q, k, v, *gates[:1])
+  reason = check(q, k, v, *gates[:1])
   if reason:
     raise ValueError(f"the Pallas GPU kernels cannot run these inputs: {reason}; use backend='xla'")
   B, T, H, K = q.shape
@@ -211,8 +225,9 @@ def run_chunked(core, q, k, v, gates, *, scale, initial_state, cu_seqlens=None,
   v = pad_axis(v, 3, Vp)
   h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
   gates = [head_major(x) if x.ndim == 3 else pad_axis(x, 3, Kp) for x in gates]
-  st = Static(float(scale), cu_seqlens is not None, bool(interpret), config)
-  o, S = core(st, q, k, v, *gates, h0, starts, ends)
+  per_head = [None if x is None else pad_axis(x.astype(F32), 1, Kp) for x in per_head]
+  st = Static(float(scale), cu_seqlens is not None, bool(interpret), config, family_config)
+  o, S = core(st, q, k, v, *gates, *per_head, h0, starts, ends)
   o = o[..., :V]
   o = o[:, :T] if layout is None else varlen.unpack(o, layout)
   return o, S[:, :, :K, :V]
