@@ -21,14 +21,13 @@ backward (residuals: the inputs, G, A, qd, kd and h)
                     the decay's gradient at the chunk end, sum_v dh (exp(G_C) h + kd^T v), which
                     reaches every row.
 
-The intra-chunk pairs i > j are split by levels s = C/2, ..., 1: a pair belongs to the level of the
-highest bit where i and j differ (i in the upper, j in the lower half of one 2s-row group). Each
-level factors exp(Gq_i - G_j) = exp(Gq_i - G_e) exp(G_e - G_j) through the last row e of the group's
-lower half, both exponents <= 0 (no positive cumulated gate is exponentiated), so a level is one exp
-over [C, K] and one [C, C] dot per product, masked to its groups; the diagonal (exp(0) = 1, or the
-bonus u for RWKV-6) is a row sum. The per-channel products are exact per key tile, so dg needs no sum
-over tiles. Tile axes come first in the grids: Triton launches axis 0 fastest, so programs that read
-the same head and chunk run side by side and share their inputs through L2.
+The intra-chunk pairs i > j are taken by levels (common/gpu/levels.py): each level factors
+exp(Gq_i - G_j) through a reference row of its group, both exponents <= 0 (no positive cumulated
+gate is exponentiated), so a level is one exp over [C, K] and one [C, C] dot per product, masked to
+its groups; the diagonal (exp(0) = 1, or the bonus u for RWKV-6) is a row sum. The per-channel
+products are exact per key tile, so dg needs no sum over tiles. Tile axes come first in the grids:
+Triton launches axis 0 fastest, so programs that read the same head and chunk run side by side and
+share their inputs through L2.
 
 Supported: any B, T, H; K and V up to 256 (zero-padded to powers of two >= 16 outside the kernels,
 by common/gpu/layout.py's `run_chunked`); bf16, f16 and f32; initial_state, final state, cu_seqlens
@@ -49,8 +48,10 @@ from jax.experimental import pallas as pl
 from pallas_kernels.common.gpu import chunk_dh, chunk_state, config as shared_config
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
-from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
+from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, precision
 from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, launch, run_chunked, sds
+from pallas_kernels.common.gpu.levels import (LEVELS, diagonal, level_decay, reference_rows,
+                                              same_group)
 from pallas_kernels.gla import reference
 
 
@@ -82,38 +83,11 @@ def unsupported(q, k, v, g=None, *_, **__) -> str | None:
 
 # --- the intra-chunk levels -----------------------------------------------------------------------
 
-def _levels(C):
-  """The level sizes s = C/2, C/4, ..., 1 (module docstring)."""
-  return [C >> i for i in range(1, C.bit_length())]
-
-
-def _in_groups(C, s, X):
-  """X [C, C] with the entries (i, j) of rows in different 2s-row groups zeroed."""
-  if 2 * s == C:
-    return X
-  return jnp.where(iota((C, C), 0) // (2 * s) == iota((C, C), 1) // (2 * s), X, 0.0)
-
-
-def _ref_rows(g_ref, cols, s):
-  """[C, BK]: G at row e of every row's 2s-row group, e the last row of the group's lower half: the
-  C / 2s rows e loaded strided (a gather's [C, BK] pointer tensor costs registers), then broadcast."""
-  C = g_ref.shape[0]
-  n = C // (2 * s)
-  G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
-  return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, G_e.shape[1])).reshape(C, G_e.shape[1])
-
-
-def _level_factors(G_e, G, Gq, s):
-  """Level s's decays [C, BK]: exp(Gq_i - G_e) on the rows of upper halves (0 elsewhere) and
-  exp(G_e - G_j) on the rows of lower halves (0 elsewhere), G_e from `_ref_rows`. One exp: each row
-  is in exactly one half, and both exponents are <= 0."""
-  upper = (iota((G.shape[0], 1), 0) // s) % 2 == 1
-  E = jnp.exp(jnp.where(upper, Gq - G_e, G_e - G))
+def _level_factors(g_ref, cols, s, G, Gq):
+  """Level s's decays [C, BK] split by side (`levels.level_decay`): exp(Gq_i - G_e) on the rows of
+  upper halves (0 elsewhere) and exp(G_e - G_j) on the rows of lower halves (0 elsewhere)."""
+  E, upper = level_decay(G, reference_rows(g_ref, cols, s), s, Gq)
   return jnp.where(upper, E, 0.0), jnp.where(upper, 0.0, E)
-
-
-def _eye(C):
-  return iota((C, C), 0) == iota((C, C), 1)
 
 
 # --- 1. forward: the chunk-local gate cumsum ------------------------------------------------------
@@ -150,10 +124,10 @@ def _intra_kernel(*refs, scale, exclusive, bk):
     qd_ref[:, cols] = (q * (jnp.exp(Gq) * scale)).astype(dt)
     kd_ref[:, cols] = (k * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
     diag += jnp.sum(q * (k * u_ref[cols][None, :] if exclusive else k), axis=1)
-    for s in _levels(C):
-      qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
-      A += _in_groups(C, s, dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec))
-  a_ref[...] = (jnp.where(_eye(C), diag[:, None], A) * scale).astype(a_ref.dtype)
+    for s in LEVELS:
+      qf, kf = _level_factors(g_ref, cols, s, G, Gq)
+      A += same_group(s, dot_nt((q * qf).astype(dt), (k * kf).astype(dt), prec))
+  a_ref[...] = (jnp.where(diagonal(), diag[:, None], A) * scale).astype(a_ref.dtype)
 
 
 def _intra(q, k, G, g, u, st: Static):
@@ -201,12 +175,12 @@ def _dqkg_kernel(*refs, scale, exclusive):
   dA = dot_nt(do, v, prec) * scale                            # dA_ij = scale do_i . v_j
   q, k = q_ref[...].astype(F32), k_ref[...].astype(F32)
   cols = pl.ds(0, BK)
-  for s in _levels(C):
-    qf, kf = _level_factors(_ref_rows(g_ref, cols, s), G, Gq, s)
-    dA_s = _in_groups(C, s, dA).astype(dt)
+  for s in LEVELS:
+    qf, kf = _level_factors(g_ref, cols, s, G, Gq)
+    dA_s = same_group(s, dA).astype(dt)
     dq += qf * dot(dA_s, (k * kf).astype(dt), prec)
     dk += kf * dot_tn(dA_s, (q * qf).astype(dt), prec)
-  dA_ii = jnp.sum(jnp.where(_eye(C), dA, 0.0), axis=1)[:, None]
+  dA_ii = jnp.sum(jnp.where(diagonal(), dA, 0.0), axis=1)[:, None]
   if exclusive:  # the diagonal is the bonus scale q_i . (u k_i)
     u = u_ref[...][None, :]
     dq += dA_ii * u * k

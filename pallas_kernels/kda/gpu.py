@@ -7,18 +7,14 @@ decays do not factor out of the intra-chunk products, so both score matrices of 
   A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)   (j < i: the WY/UT system (I + A) U = ...)
   P_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)    (j <= i: the output's intra-chunk scores)
 
-are formed by levels, each a full-chunk [C, BK] x [BK, C] dot. At level s (32, 16, ..., 1) the
-chunk splits into segments of 2s rows, and a pair j < i belongs to the level whose segment holds
-both in different halves (one level per pair: the highest bit in which i and j differ). Both sides
-are taken relative to the segment's middle row m (the first row of its second half):
-exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j), both factors exp(-|G_t - G_m|) <= 1 as G does not
-increase within a chunk, so each row's operand at that level is one exp of its distance to its
-own segment's m (`_level_decay`, m gathered from the gate ref per row) and the level's dot is
-masked to its pairs (`_pair_levels`); the diagonal i = j has no decay. No exponent is ever
-positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue
-#701), and every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal
-block, no 3-D [i, j, channel] product): the forward's on float32 operands (tf32 for 16-bit inputs,
-as fla's intra-chunk dots), the backward's in the input dtype. The backward takes the same levels.
+are formed by levels (common/gpu/levels.py), each a full-chunk [C, BK] x [BK, C] dot: each row's
+operand at a level is one exp of its distance to its group's reference row (`level_decay`, the
+reference gathered per row: the levels run in a `fori_loop`, `over_levels`) and the level's dot is
+masked to its pairs (`pair_levels`); the diagonal i = j has no decay. No exponent is ever positive,
+so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue #701), and
+every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal block, no 3-D
+[i, j, channel] product): the forward's on float32 operands (tf32 for 16-bit inputs, as fla's
+intra-chunk dots), the backward's in the input dtype. The backward takes the same levels.
 
 forward
   1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A (float32)
@@ -48,59 +44,40 @@ state and cu_seqlens.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
-from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
+from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, config as shared_config
+from pallas_kernels.common.gpu import layout
+from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, lower_mask, over_value_tiles,
+                                                   dot_tn, lower_mask, over_value_tiles,
                                                    precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
+from pallas_kernels.common.gpu.levels import (diagonal, level_decay, over_levels, pair_levels,
+                                              reference_rows)
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_u
 from pallas_kernels.kda import reference
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
-N_LEVELS = CHUNK.bit_length() - 1  # s = C/2, C/4, ..., 1
+
+class Config(NamedTuple):
+  """Tile sizes and launch parameters: the shared stages' (`shared`) and KDA's own kernels'."""
+  shared: shared_config.Config = shared_config.DEFAULT
+  warps_wy: int = 4       # the per-channel-gate WY/UT kernels: forward
+  warps_wy_bwd: int = 8   # and backward
+  bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
+  warps_scores: int = 8   # the score-gradient kernel
+  warps_scores_fwd: int = 8  # the score kernel of the forward
 
 
-def _over_levels(body, carry):
-  """carry = body(s, carry) for s = C/2, ..., 1 as a `fori_loop` (s traced): one copy of the level
-  code (a short Triton compile), and no level's gathers or masks hoisted beside another's (the
-  registers of one level at a time)."""
-  def step(_, c):
-    s, inner = c
-    return s // 2, body(s, inner)
-  return lax.fori_loop(0, N_LEVELS, step, (jnp.int32(CHUNK // 2), carry))[1]
-
-
-def _level_decay(g_ref, G, s, cols):
-  """exp(-|G_t - G_m(t)|) [C, BK] of the gates G = g_ref[:, cols]: each row's decay to the middle
-  row m(t) of its 2s-row segment at level s (exp(G_t - G_m) in the second half, exp(G_m - G_t) in
-  the first; the absolute value also keeps a cumsum's rounding from making an exponent positive)."""
-  middle = (iota((G.shape[0],), 0) & (-2 * s)) + s   # s a power of two
-  return jnp.exp(-jnp.abs(G - g_ref[middle, cols]))
-
-
-def _pair_levels():
-  """[C, C] int32: the level s of each pair j < i (the highest bit in which i and j differ: one
-  2s-row segment holds both, in different halves), 0 on and above the diagonal; a level's pairs
-  are `_pair_levels() == s` (one compare, this computed once per kernel)."""
-  i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
-  x = i ^ j
-  for shift in (1, 2, 4):
-    x = x | (x >> shift)
-  return jnp.where(i > j, x - (x >> 1), 0)
-
-
-def _diagonal():
-  return iota((CHUNK, CHUNK), 0) == iota((CHUNK, CHUNK), 1)
-
+DEFAULT = Config()
 
 # --- 1. the scores by levels ----------------------------------------------------------------------
 
@@ -121,13 +98,13 @@ def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref,
     kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
     return qk + dot_nt(q, k, prec)
 
-  P = jnp.where(_diagonal(), lax.fori_loop(0, n_tiles, gate_tile, zero), 0.0)
-  levels = _pair_levels()
+  P = jnp.where(diagonal(), lax.fori_loop(0, n_tiles, gate_tile, zero), 0.0)
+  levels = pair_levels()
 
   def level(s, AP):
     def key_tile(i, sums):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
       cols = tile(i)
-      E = _level_decay(g_ref, g_ref[:, cols], s, cols)
+      E, _ = level_decay(g_ref[:, cols], reference_rows(g_ref, cols, s), s)
       qE, kE = q_ref[:, cols].astype(F32) * E, k_ref[:, cols].astype(F32) * E
       return sums[0] + dot_nt(kE, kE, prec), sums[1] + dot_nt(qE, kE, prec)
 
@@ -135,7 +112,7 @@ def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref,
     pairs = levels == s
     return jnp.where(pairs, kk, AP[0]), jnp.where(pairs, qk, AP[1])
 
-  A, P = _over_levels(level, (zero, P))
+  A, P = over_levels(level, (zero, P))
   a_ref[...] = A * b_ref[...][:, None]
   p_ref[...] = (P * scale).astype(p_ref.dtype)
 
@@ -145,12 +122,12 @@ def _scores_fwd(q, k, G, beta, st: Static):
   in) and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (input dtype)."""
   B, T, H, K = k.shape
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=min(st.cfg.bk_scores, K))
+  kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=min(st.family_cfg.bk_scores, K))
   tok_k, rows = sp.chunk_tok(K), sp.chunk_tok(CHUNK)
   return launch(kern, (sp.NT, B * H), [tok_k, tok_k, sp.chunk_gate(K), sp.chunk_gate()],
                [rows, rows, tok_k, tok_k],
                [sds((B, T, H, CHUNK), F32), sds((B, T, H, CHUNK), k.dtype), sds(k.shape, k.dtype),
-                sds(k.shape, k.dtype)], st, st.cfg.warps_scores_fwd, st.cfg.stages_chunk)(
+                sds(k.shape, k.dtype)], st, st.family_cfg.warps_scores_fwd, st.cfg.stages_chunk)(
                     q, k, G, beta)
 
 
@@ -186,7 +163,7 @@ def _wy_fwd(k, v, G, beta, A, st: Static):
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(K), sp.chunk_gate(), rows],
                [sp.chunk_tok(K), sp.chunk_tok(V), rows],
                [sds(k.shape, k.dtype), sds(v.shape, k.dtype), sds((B, T, H, CHUNK), k.dtype)], st,
-               st.cfg.warps_wy_channel, st.cfg.stages_chunk)(k, v, G, beta, A)
+               st.family_cfg.warps_wy, st.cfg.stages_chunk)(k, v, G, beta, A)
 
 
 # --- 7a. back through the WY/UT transform ---------------------------------------------------------
@@ -235,7 +212,7 @@ def _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1, st: Static):
                [tok_v, sp.chunk_gate(), tok_k, tok_k, rows, rows],
                [sds(v.shape, v.dtype), sds(beta.shape, F32), sds(k.shape, F32), sds(G.shape, F32),
                 scores, scores],
-               st, st.cfg.warps_wy_channel_bwd, st.cfg.stages_chunk, aliases={9: 2, 10: 3})(
+               st, st.family_cfg.warps_wy_bwd, st.cfg.stages_chunk, aliases={9: 2, 10: 3})(
                    k, v, G, beta, Tinv, do, vn, dw, du, dk1, dG1)
 
 
@@ -247,19 +224,19 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   the scale in dP; A: a = beta k; b = k for both) sends its gradient dM to the row side
   sum_j dM_ij b_j exp(G_i - G_j) (dq; RA, A's, which gives dk and dbeta) and to the column side
   sum_i dM_ij a_i exp(G_i - G_j) (dk), by the forward's levels: at level s, with E its
-  `_level_decay`, the row side E * (dM_s (b E)) and the column side E * (dM_s^T (a E)), dM_s
+  `level_decay`, the row side E * (dM_s (b E)) and the column side E * (dM_s^T (a E)), dM_s
   masked to the level's pairs; the diagonal without decay. Exact per channel, so dq and dk are
   final, and dg, the reverse chunk-local cumsum of dG, is taken here; dbeta is this tile's part."""
   dt = q_ref.dtype
   prec = precision(dt)
   q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
   dP, dA = dp_ref[...], da_ref[...]
-  dP_diag = jnp.where(_diagonal(), dP, 0)
-  levels = _pair_levels()
+  dP_diag = jnp.where(diagonal(), dP, 0)
+  levels = pair_levels()
 
   def level(s, acc):
     dq, RA, dkc = acc
-    E = _level_decay(g_ref, G, s, slice(None))
+    E, _ = level_decay(G, reference_rows(g_ref, slice(None), s), s)
     kE = k.astype(F32) * E
     qE, bkE, kE = (q.astype(F32) * E).astype(dt), (kE * beta[:, None]).astype(dt), kE.astype(dt)
     pairs = levels == s
@@ -267,7 +244,7 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
     return (dq + E * dot(dPs, kE, prec), RA + E * dot(dAs, kE, prec),
             dkc + E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec)))
 
-  dq, RA, dkc = _over_levels(level, (dot(dP_diag, k, prec), jnp.zeros(q.shape, F32),
+  dq, RA, dkc = over_levels(level, (dot(dP_diag, k, prec), jnp.zeros(q.shape, F32),
                                      dot_tn(dP_diag, q, prec)))
   qf, kf = q_ref[...].astype(F32), k_ref[...].astype(F32)
   dq_ref[...] = (dq1_ref[...] + dq).astype(dq_ref.dtype)
@@ -281,7 +258,7 @@ def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
   """Returns dq, dk (input dtype), dg [B, T, H, K] (the gradient of the raw gate) and dbeta's score
   part [B, H, T] (float32)."""
   B, T, H, K = q.shape
-  BK = min(st.cfg.bk_scores, K)
+  BK = min(st.family_cfg.bk_scores, K)
   NK = K // BK
   C = CHUNK
   tile = pl.BlockSpec((None, C, None, BK), lambda ik, n, bh: (bh // H, n, bh % H, ik))
@@ -293,7 +270,7 @@ def _bwd_scores(q, k, G, beta, dA, dP, dq1, dkw, dGw, st: Static):
                           [tile, tile, tile, dgate],
                           [sds(q.shape, q.dtype), sds(k.shape, k.dtype), sds(G.shape, F32),
                            sds((NK, *beta.shape), F32)],
-                          st, st.cfg.warps_scores, st.cfg.stages_chunk)(
+                          st, st.family_cfg.warps_scores, st.cfg.stages_chunk)(
                               q, k, G, beta, dA, dP, dq1, dkw, dGw)
   return dq, dk, dG, jnp.sum(db, axis=0)
 
@@ -338,7 +315,8 @@ def chunk_kda(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None, interp
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32), like xla.py.
   """
   return run_chunked(_chunk_kda, q, k, v, (g, beta), scale=scale, initial_state=initial_state,
-                     cu_seqlens=cu_seqlens, interpret=interpret, config=config)
+                     cu_seqlens=cu_seqlens, interpret=interpret, config=config.shared,
+                     family_config=config)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None,

@@ -48,7 +48,8 @@ def test_chunk_interpret(case, T, H, K, V, dtype, varlen):
 def test_state_in_key_blocks_interpret(monkeypatch):
   """The per-channel state passes with their state as blocks of 16 key rows (Config.bk_state), each
   decayed by its own rows' gates; K = 48 padded to 64: four blocks."""
-  monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config", Config(bk_state=16))
+  monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config",
+                      kda_gpu.Config(shared=Config(bk_state=16)))
   harness.check_op(STEEP, T=100, H=2, K=48, V=32, dtype="float32", backend="gpu", interpret=True,
                    varlen=True)
 

@@ -17,6 +17,8 @@ Modules:
 - `kernel_math`     in-kernel math: 2-D dots with a float32 accumulator, causal masks and decays,
                     row scaling, the value-tile loop of the chunk kernels, the 16 x 16-block
                     unit-lower inverse;
+- `levels`          the intra-chunk pairs by levels, the per-channel score kernels' decays with no
+                    positive exponent (GLA / RWKV-6 and KDA);
 Stages:
 - `chunk_state`     forward state pass: chunk-start states h or the output o and the final state;
 - `chunk_o`         chunk-parallel output from the states h (scalar gates; the forward above K = 128);

@@ -8,8 +8,10 @@ CHUNK = 64  # tokens per chunk of every chunked stage
 
 
 class Config(NamedTuple):
-  """Tile sizes and launch parameters (benchmarks/ops.py times variants). The `*_wy*` fields are
-  read by the WY/UT kernels of the delta-rule families (gated_delta_rule/gpu.py, kda/gpu.py)."""
+  """Tile sizes and launch parameters of the shared stages and of the scalar-gate families' own
+  kernels (benchmarks/ops.py times variants). The `*_wy*` fields are read by the gated delta rule's
+  WY/UT kernels (gated_delta_rule/gpu.py). A family with kernels of its own (GLA, KDA) has its own
+  `Config`, holding this one as `shared`."""
   bv_state: int = 32      # value tile of the state passes (forward and reverse)
   bk_state: int | None = None  # the state passes hold their state as blocks of this many key rows
                           # and split each product over K alike; None: state_key_block's default
@@ -28,11 +30,6 @@ class Config(NamedTuple):
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
                                      # V, a fori_loop above (kernel_math.over_value_tiles)
-  warps_wy_channel: int = 4      # the per-channel-gate WY/UT kernels (kda/gpu.py): forward
-  warps_wy_channel_bwd: int = 8  # and backward
-  bk_scores: int = 32     # key tile of the per-channel score kernels (the gradient's grid axis)
-  warps_scores: int = 8      # the per-channel score-gradient kernel
-  warps_scores_fwd: int = 8  # the per-channel score kernel of the forward
 
 
 DEFAULT = Config()
