@@ -40,9 +40,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.cost import kernel_cost
-from pallas_kernels.common.gpu.kernel_math import F32
-from pallas_kernels.common.gpu.layout import compiler_params, next_pow2, pad_axis
+from pallas_kernels.common.gpu.kernel_math import F32, store_at_flag
+from pallas_kernels.common.gpu.layout import call, next_pow2, pad_axis, sds, spec_if
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
@@ -78,15 +77,9 @@ def unsupported(x, g, *_, **__) -> str | None:
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, st: _Static, warps, aliases=None):
-  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
-                           out_specs=out_specs, out_shape=out_shape,
-                           input_output_aliases=aliases or {},
-                           compiler_params=compiler_params(warps, 1), interpret=st.interpret)
-  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
-
-
-def _sds(shape, dtype):
-  return jax.ShapeDtypeStruct(shape, dtype)
+  """layout.call with one pipeline stage (every kernel here streams its rows once)."""
+  return call(kernel, grid, in_specs, out_specs, out_shape, interpret=st.interpret, warps=warps,
+              stages=1, aliases=aliases)
 
 
 def _scan_rows(C: int, rows: int, reverse: bool, group, carry):
@@ -137,7 +130,7 @@ def _summary(x, g, st: _Static, reverse: bool):
   tok, per_chunk = _chunk_specs(st)
   kern = functools.partial(_summary_kernel, rows=st.cfg.rows, reverse=reverse)
   return _call(kern, (D // st.BD, NT, B), [tok, tok], [per_chunk, per_chunk],
-               [_sds((B, NT, D), F32)] * 2, st, st.cfg.warps)(x, g)
+               [sds((B, NT, D), F32)] * 2, st, st.cfg.warps)(x, g)
 
 
 def _forward_kernel(x_ref, g_ref, s_ref, o_ref, *last_ref, rows):
@@ -161,7 +154,7 @@ def _forward(x, g, S_in, st: _Static, want_last=False):
   NT = T // st.C
   tok, per_chunk = _chunk_specs(st)
   kern = functools.partial(_forward_kernel, rows=st.cfg.rows)
-  outs = [(tok, _sds(x.shape, x.dtype))] + [(per_chunk, _sds((B, NT, D), F32))] * want_last
+  outs = [(tok, sds(x.shape, x.dtype))] + [(per_chunk, sds((B, NT, D), F32))] * want_last
   return _call(kern, (D // st.BD, NT, B), [tok, tok, per_chunk], [o[0] for o in outs],
                [o[1] for o in outs], st, st.cfg.warps)(x, g, S_in)
 
@@ -197,48 +190,48 @@ def _backward(do, g, o, S_in, C_in, st: _Static):
   tok, per_chunk = _chunk_specs(st)
   kern = functools.partial(_backward_kernel, rows=st.cfg.rows)
   return _call(kern, (D // st.BD, T // st.C, B), [tok, tok, tok, per_chunk, per_chunk], [tok, tok],
-               [_sds(do.shape, do.dtype), _sds(g.shape, g.dtype)], st, st.cfg.warps)(do, g, o, S_in, C_in)
+               [sds(do.shape, do.dtype), sds(g.shape, g.dtype)], st, st.cfg.warps)(do, g, o, S_in, C_in)
 
 
 # --- the chunk loop: grid (D / BD', B) ------------------------------------------------------------
 
-def _carry_kernel(a_ref, b_ref, init_ref, *refs, NT, unroll, reverse, varlen_):
+def _carry_kernel(a_ref, b_ref, init_ref, reset_ref, record_ref, final0_ref, out_ref, final_ref, *,
+                  NT, unroll, reverse):
   """carry <- A carry + b over the chunks (in reverse for the adjoint), writing the carry that enters
-  each chunk. Without varlen the carry starts from `init` and its last value is `final`; with varlen
-  it is reset to init[s] at chunks flagged s >= 0 in `reset` and stored to final[e] after chunks
-  flagged e >= 0 in `record` (forward: starts / ends; adjoint: ends / starts)."""
-  if varlen_:
-    reset_ref, record_ref, _, out_ref, final_ref = refs  # _: final's initial content (aliased)
-  else:
-    out_ref, final_ref = refs
+  each chunk. Without varlen (reset_ref, record_ref and final0_ref None) the carry starts from
+  `init` and its last value is `final`; with varlen it is reset to init[s] at chunks flagged s >= 0
+  in `reset` and stored to final[e] after chunks flagged e >= 0 in `record` (forward: starts / ends;
+  adjoint: ends / starts). final0_ref is final's initial content (aliased to final_ref)."""
+  del final0_ref
+  is_varlen = reset_ref is not None
   chunk = (lambda i: NT - 1 - i) if reverse else (lambda i: i)
 
   def steps(i0, n, carry):
     cs = [chunk(i0 + j) for j in range(n)]
     As, bs = [a_ref[c, :] for c in cs], [b_ref[c, :] for c in cs]
-    if varlen_:
+    if is_varlen:  # the flags and initial states loaded with the rows, so a select, not a branch
       resets, records = [reset_ref[c] for c in cs], [record_ref[c] for c in cs]
       inits = [init_ref[jnp.maximum(s, 0), :] for s in resets]
     for j, c in enumerate(cs):
-      if varlen_:
+      if is_varlen:
         carry = jnp.where(resets[j] >= 0, inits[j], carry)
       out_ref[c, :] = carry
       carry = As[j] * carry + bs[j]
-      if varlen_:
-        e = records[j]
-
-        @pl.when(e >= 0)
-        def _():
-          final_ref[jnp.maximum(e, 0), :] = carry
+      if is_varlen:
+        store_at_flag(records[j], functools.partial(_store_row, final_ref, carry))
     return carry
 
-  carry = jnp.zeros(out_ref.shape[-1:], F32) if varlen_ else init_ref[...]
+  carry = jnp.zeros(out_ref.shape[-1:], F32) if is_varlen else init_ref[...]
   n_blocks = NT // unroll
   if n_blocks:
     carry = lax.fori_loop(0, n_blocks, lambda i, carry: steps(i * unroll, unroll, carry), carry)
   carry = steps(n_blocks * unroll, NT % unroll, carry)
-  if not varlen_:
+  if not is_varlen:
     final_ref[...] = carry
+
+
+def _store_row(ref, row, i):
+  ref[i, :] = row
 
 
 def _carry(A, b, init, reset, record, st: _Static, reverse: bool):
@@ -251,16 +244,15 @@ def _carry(A, b, init, reset, record, st: _Static, reverse: bool):
     state = pl.BlockSpec((N, BD), lambda j, b: (0, j))
   else:
     state = pl.BlockSpec((None, BD), lambda j, b: (b, j))
-  args, in_specs, aliases = [A, b, init], [rows, rows, state], None
-  if st.varlen:  # sequences with no tokens pass `init` through (h0 -> final, dht -> dh0)
-    flags = pl.BlockSpec((NT,), lambda j, b: (0,))
-    args += [reset, record, init]
-    in_specs += [flags, flags, state]
-    aliases = {len(args) - 1: 1}
-  kern = functools.partial(_carry_kernel, NT=NT, unroll=st.cfg.unroll, reverse=reverse,
-                           varlen_=st.varlen)
+  # varlen: sequences with no tokens pass `init` through (h0 -> final, dht -> dh0)
+  flags = (reset, record, init) if st.varlen else (None, None, None)
+  flag_spec = pl.BlockSpec((NT,), lambda j, b: (0,))
+  in_specs = [rows, rows, state] + [spec_if(x, spec) for x, spec in zip(flags, [flag_spec] * 2
+                                                                        + [state])]
+  kern = functools.partial(_carry_kernel, NT=NT, unroll=st.cfg.unroll, reverse=reverse)
   return _call(kern, (D // BD, B), in_specs, [rows, state],
-               [_sds((B, NT, D), F32), _sds(init.shape, F32)], st, st.cfg.warps_carry, aliases)(*args)
+               [sds((B, NT, D), F32), sds(init.shape, F32)], st, st.cfg.warps_carry, {5: 1})(
+                   A, b, init, *flags)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------

@@ -50,12 +50,11 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.chunk import suffix_sum
-from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.fused_recurrent import decode_specs
 from pallas_kernels.common.gpu.kernel_math import F32
-from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, chunk_cumsum, compiler_params,
-                                              next_pow2, pad_axis, sds)
+from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, call, chunk_cumsum, next_pow2,
+                                              pad_axis, sds, spec_if)
 from pallas_kernels.mlstm import reference
 from pallas_kernels.mlstm.gpu_chunk import (CHUNK, MW, dchunk_pass, dstate_pass, forward_pass,
                                             max_weight)
@@ -254,9 +253,9 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, interpr
 
 # --- decode ---------------------------------------------------------------------------------------
 
-def _decode_kernel(*refs, scale, is_varlen, H):
-  cu_ref, refs = (refs[0], refs[1:]) if is_varlen else (None, refs)
-  q_ref, k_ref, v_ref, lf_ref, i_ref, C0_ref, n0_ref, m0_ref, o_ref, Cf_ref, nf_ref, mf_ref = refs
+def _decode_kernel(cu_ref, q_ref, k_ref, v_ref, lf_ref, i_ref, C0_ref, n0_ref, m0_ref, o_ref,
+                   Cf_ref, nf_ref, mf_ref, *, scale, H):
+  """cu_ref (cu_seqlens) None without varlen."""
 
   def body(t, state):
     S, n, m = state
@@ -273,7 +272,7 @@ def _decode_kernel(*refs, scale, is_varlen, H):
     o_ref[t, :] = (num / Z).astype(o_ref.dtype)
     return S, n, m_new
 
-  if is_varlen:
+  if cu_ref is not None:
     seq = pl.program_id(0) // H
     lo, hi = cu_ref[seq], cu_ref[seq + 1]
   else:
@@ -294,22 +293,16 @@ def _decode(q, k, v, lf, ig, C0, n0, m0, cu_seqlens, *, scale, interpret, cfg):
   vec = lambda D, per_tile: pl.BlockSpec(
       ((None,) if per_tile else ()) + (None, None, D),
       lambda nh, iv: ((iv,) if per_tile else ()) + (nh // H, nh % H, 0))
-  in_specs = [tok(K, False), tok(K, False), tok(bv, True), row, row, state, vec(K, False),
-              vec(MW, False)]
-  args = [q, k, v, lf, ig, C0, n0, jnp.broadcast_to(m0[..., None], (N, H, MW))]
-  if is_varlen:
-    in_specs.insert(0, pl.BlockSpec((N + 1,), lambda nh, iv: (0,)))
-    args.insert(0, cu_seqlens.astype(jnp.int32))
-  kernel = functools.partial(_decode_kernel, scale=scale, is_varlen=is_varlen, H=H)
-  call = functools.partial(
-      pl.pallas_call, kernel, grid=(N * H, NV), in_specs=in_specs,
-      out_specs=[tok(bv, True), state, vec(K, True), vec(MW, True)],
-      out_shape=[sds(v.shape, q.dtype), sds(C0.shape, F32), sds((NV, N, H, K), F32),
-                 sds((NV, N, H, MW), F32)],
-      compiler_params=compiler_params(cfg.warps_decode, 1), interpret=interpret)
+  cu = cu_seqlens.astype(jnp.int32) if is_varlen else None
+  in_specs = [spec_if(cu, pl.BlockSpec((N + 1,), lambda nh, iv: (0,))), tok(K, False),
+              tok(K, False), tok(bv, True), row, row, state, vec(K, False), vec(MW, False)]
+  args = [cu, q, k, v, lf, ig, C0, n0, jnp.broadcast_to(m0[..., None], (N, H, MW))]
   # each program walks one sequence: B * T // N tokens on average
-  cost = kernel_cost(call(), *args, loop_trips=B * T // N)
-  o, C, n, m = call(cost_estimate=cost)(*args)
+  o, C, n, m = call(functools.partial(_decode_kernel, scale=scale, H=H), (N * H, NV), in_specs,
+                    [tok(bv, True), state, vec(K, True), vec(MW, True)],
+                    [sds(v.shape, q.dtype), sds(C0.shape, F32), sds((NV, N, H, K), F32),
+                     sds((NV, N, H, MW), F32)], interpret=interpret, warps=cfg.warps_decode,
+                    stages=1, loop_trips=B * T // N)(*args)
   return o, (C, n[0], m[0, ..., 0])
 
 

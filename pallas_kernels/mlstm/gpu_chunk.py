@@ -15,10 +15,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.cost import kernel_cost
 from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
-from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, iota, precision
-from pallas_kernels.common.gpu.layout import compiler_params, sds
+from pallas_kernels.common.gpu.kernel_math import (F32, dot, dot_nt, dot_tn, iota, precision,
+                                                   state_at_flag, store_at_flag)
+from pallas_kernels.common.gpu.layout import launch, sds, spec_if
 from pallas_kernels.mlstm import reference
 from pallas_kernels.mlstm.reference import EPS
 
@@ -67,41 +67,23 @@ def _chunk(bh, bl, ig, m0) -> _Chunk:
                 jnp.exp(_last(x) - m_end))
 
 
-def _enter(flags_ref, c, refs, state):
-  """The initial state of sequence flags_ref[c] if chunk c starts one (flag >= 0), else `state`."""
-  i = flags_ref[c]
-  j = jnp.maximum(i, 0)
-  C0_ref, n0_ref, m0_ref = refs
-  enter = lambda: (C0_ref[j].astype(F32), n0_ref[j].astype(F32), jnp.max(m0_ref[j]))
-  return lax.cond(i >= 0, enter, lambda: state)
-
-
-def _leave(flags_ref, c, refs, values):
-  """refs[flags_ref[c]] = values when chunk c ends a sequence (flag >= 0)."""
-  i = flags_ref[c]
-
-  @pl.when(i >= 0)
-  def _():
-    for r, x in zip(refs, values):
-      r[jnp.maximum(i, 0)] = x
-
-
 # --- forward state pass with the output ----------------------------------------------------------
 
-def _forward_kernel(*refs, NT, scale, is_varlen, save):
-  q_ref, k_ref, v_ref, bh_ref, bl_ref, i_ref, C0_ref, n0_ref, m0_ref = refs[:9]
-  refs = refs[9:]
-  starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
-  refs = refs[2:] if is_varlen else refs
-  o_ref, Cf_ref, nf_ref, mf_ref = refs[:4]
-  h_ref, nh_ref, m0t_ref, mt_ref, den_ref = refs[4:] if save else (None,) * 5
+def _forward_kernel(q_ref, k_ref, v_ref, bh_ref, bl_ref, i_ref, C0_ref, n0_ref, m0_ref, starts_ref,
+                    ends_ref, o_ref, Cf_ref, nf_ref, mf_ref, h_ref, nh_ref, m0t_ref, mt_ref,
+                    den_ref, *, NT, scale):
+  """The forward chunk loop. Absent refs are None: the varlen flags (starts_ref, ends_ref), and the
+  residual stores (h_ref to den_ref) of a forward that is not differentiated."""
+  is_varlen = starts_ref is not None
+  save = h_ref is not None
   C = CHUNK
   dt = q_ref.dtype
   prec = precision(dt)
 
   def body(c, state):
     if is_varlen:
-      state = _enter(starts_ref, c, (C0_ref, n0_ref, m0_ref), state)
+      state = state_at_flag(starts_ref[c], lambda j: (C0_ref[j].astype(F32), n0_ref[j].astype(F32),
+                                                      jnp.max(m0_ref[j])), state)
     S, n, m = state
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
@@ -124,7 +106,8 @@ def _forward_kernel(*refs, NT, scale, is_varlen, save):
     n = ch.decay * n + jnp.sum(kw, axis=0)
     m = ch.m_end
     if is_varlen:
-      _leave(ends_ref, c, (Cf_ref, nf_ref, mf_ref), (S, n, jnp.zeros((MW,), F32) + m))
+      store_at_flag(ends_ref[c], functools.partial(_store_state, (Cf_ref, nf_ref, mf_ref),
+                                                   (S, n, jnp.zeros((MW,), F32) + m)))
     return S, n, m
 
   if is_varlen:
@@ -135,6 +118,12 @@ def _forward_kernel(*refs, NT, scale, is_varlen, save):
   S, n, m = lax.fori_loop(0, NT, body, state)
   if not is_varlen:
     Cf_ref[...], nf_ref[...], mf_ref[...] = S, n, jnp.zeros((MW,), F32) + m
+
+
+def _store_state(refs, values, i):
+  """refs[...][i] = values: a `store_at_flag` store of a state given as several arrays."""
+  for r, x in zip(refs, values):
+    r[i] = x
 
 
 class _Specs:
@@ -184,13 +173,6 @@ class _Specs:
     return pl.BlockSpec((self.NT,), lambda iv, bh: (0,))
 
 
-def _launch(kernel, grid, in_specs, out_specs, out_shape, st, warps, stages):
-  call = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
-                           out_specs=out_specs, out_shape=out_shape,
-                           compiler_params=compiler_params(warps, stages), interpret=st.interpret)
-  return lambda *args: call(cost_estimate=kernel_cost(call(), *args))(*args)
-
-
 def forward_pass(st: Static, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save: bool):
   """Padded inputs; bh + bl the chunk-local cumsum of log f, ig: [B, H, T] float32;
   C0 [N, H, K, V], n0 [N, H, K], m0 [N, H] float32. Returns o, (C, n, m) and, with save,
@@ -202,24 +184,25 @@ def forward_pass(st: Static, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
   m16 = jnp.broadcast_to(m0[..., None], (*m0.shape, MW))
-  args = [q, k, v, bh, bl, ig, C0, n0, m16]
+  flags = (starts, ends) if st.is_varlen else (None, None)
+  args = [q, k, v, bh, bl, ig, C0, n0, m16, *flags]
   in_specs = [sp.tok(K, False), sp.tok(K, False), sp.tok(BV, True), sp.row(), sp.row(), sp.row(),
-              sp.state(None, True), sp.state(K, False), sp.state(MW, False)]
-  if st.is_varlen:
-    args += [starts, ends]
-    in_specs += [sp.flags()] * 2
+              sp.state(None, True), sp.state(K, False), sp.state(MW, False),
+              *(spec_if(f, sp.flags()) for f in flags)]
   out_specs = [sp.tok(BV, True), sp.state(None, True), sp.state(K, False, True),
                sp.state(MW, False, True)]
   out_shape = [sds((B, T, H, V), q.dtype), sds(C0.shape, F32), sds((NV, N, H, K), F32),
                sds((NV, N, H, MW), F32)]
-  if save:
+  if save:  # the residual stores; without them their refs are None
     out_specs += [sp.chunk_C(), sp.chunk_n()] + [sp.row(True)] * 3
     out_shape += [sds((B, sp.NT, H, K, V), q.dtype), sds((NV, B, sp.NT, H, K), F32)] + [
         sds((NV, B, H, T), F32)] * 3
-  kern = functools.partial(_forward_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           save=save)
-  outs = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_forward,
-                 st.cfg.stages_state)(*args)
+  else:
+    out_specs += [None] * 5
+    out_shape += [None] * 5
+  kern = functools.partial(_forward_kernel, NT=sp.NT, scale=st.scale)
+  outs = launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_forward,
+                st.cfg.stages_state)(*args)
   o, Cf, nf, mf = outs[:4]
   final = (Cf, nf[0], mf[0, ..., 0])
   if not save:
@@ -230,12 +213,10 @@ def forward_pass(st: Static, q, k, v, bh, bl, ig, C0, n0, m0, starts, ends, save
 
 # --- backward: the reverse state pass ------------------------------------------------------------
 
-def _dstate_kernel(*refs, NT, is_varlen):
-  q_ref, do_ref, sq_ref, decay_ref, rz_ref, dd_ref, dCT_ref, dnT_ref = refs[:8]
-  refs = refs[8:]
-  starts_ref, ends_ref = refs[:2] if is_varlen else (None, None)
-  refs = refs[2:] if is_varlen else refs
-  dh_ref, dnh_ref, dC0_ref, dn0_ref = refs
+def _dstate_kernel(q_ref, do_ref, sq_ref, decay_ref, rz_ref, dd_ref, dCT_ref, dnT_ref, starts_ref,
+                   ends_ref, dh_ref, dnh_ref, dC0_ref, dn0_ref, *, NT):
+  """The reverse chunk loop; the varlen flags (starts_ref, ends_ref) None without varlen."""
+  is_varlen = starts_ref is not None
   C = CHUNK
   dt = q_ref.dtype
   prec = precision(dt)
@@ -243,10 +224,8 @@ def _dstate_kernel(*refs, NT, is_varlen):
   def body(j, state):
     c = NT - 1 - j
     if is_varlen:
-      i = ends_ref[c]
-      e = jnp.maximum(i, 0)
-      state = lax.cond(i >= 0, lambda: (dCT_ref[e].astype(F32), dnT_ref[e].astype(F32)),
-                       lambda: state)
+      state = state_at_flag(ends_ref[c], lambda e: (dCT_ref[e].astype(F32),
+                                                    dnT_ref[e].astype(F32)), state)
     dS, dn = state
     dh_ref[c] = dS.astype(dh_ref.dtype)
     dnh_ref[c] = dn
@@ -258,7 +237,7 @@ def _dstate_kernel(*refs, NT, is_varlen):
     dS = decay * dS + dot_tn(qt.astype(dt), dnum.astype(dt), prec)
     dn = decay * dn + jnp.sum(qt * dd_ref[sl][:, None], axis=0)
     if is_varlen:
-      _leave(starts_ref, c, (dC0_ref, dn0_ref), (dS, dn))
+      store_at_flag(starts_ref[c], functools.partial(_store_state, (dC0_ref, dn0_ref), (dS, dn)))
     return dS, dn
 
   if is_varlen:
@@ -280,18 +259,17 @@ def dstate_pass(st: Static, q, do, sq, decay, rz, dd, dCT, dnT, starts, ends):
   BV = min(st.cfg.bv_state, V)
   NV = V // BV
   sp = _Specs(H, T, K, BV, N if st.is_varlen else None)
-  args = [q, do, sq, decay, rz, dd, dCT, dnT]
-  in_specs = [sp.tok(K, False), sp.tok(BV, True)] + [sp.row()] * 4 + [sp.state(None, True),
-                                                                      sp.state(K, False)]
-  if st.is_varlen:
-    args += [starts, ends]
-    in_specs += [sp.flags()] * 2
+  flags = (starts, ends) if st.is_varlen else (None, None)
+  args = [q, do, sq, decay, rz, dd, dCT, dnT, *flags]
+  in_specs = ([sp.tok(K, False), sp.tok(BV, True)] + [sp.row()] * 4
+              + [sp.state(None, True), sp.state(K, False)]
+              + [spec_if(f, sp.flags()) for f in flags])
   out_specs = [sp.chunk_C(), sp.chunk_n(), sp.state(None, True), sp.state(K, False, True)]
   out_shape = [sds((B, sp.NT, H, K, V), q.dtype), sds((NV, B, sp.NT, H, K), F32),
                sds(dCT.shape, F32), sds((NV, N, H, K), F32)]
-  kern = functools.partial(_dstate_kernel, NT=sp.NT, is_varlen=st.is_varlen)
-  dh, dnh, dC0, dn0 = _launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st,
-                              st.cfg.warps_state, st.cfg.stages_state)(*args)
+  kern = functools.partial(_dstate_kernel, NT=sp.NT)
+  dh, dnh, dC0, dn0 = launch(kern, (NV, B * H), in_specs, out_specs, out_shape, st,
+                             st.cfg.warps_state, st.cfg.stages_state)(*args)
   return dh, dnh[0], dC0, dn0[0]
 
 
@@ -365,10 +343,10 @@ def dchunk_pass(st: Static, q, k, v, do, bh, bl, ig, m0t, rz, dd, dmn, h, nh, dh
   state = pl.BlockSpec((None, None, None, K, V), lambda n, bh: (bh // H, n, bh % H, 0, 0))
   vec = pl.BlockSpec((None, None, None, K), lambda n, bh: (bh // H, n, bh % H, 0))
   kern = functools.partial(_dchunk_kernel, scale=st.scale, bv=min(st.cfg.bv_chunk, V))
-  return _launch(kern, (NT, B * H),
-                 [tok(K), tok(K), tok(V), tok(V)] + [row] * 7 + [state, vec, state, vec],
-                 [tok(K), tok(K), tok(V)] + [row] * 3,
-                 [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(v.shape, q.dtype)]
-                 + [sds(ig.shape, F32)] * 3,
-                 st, st.cfg.warps_chunk, st.cfg.stages_chunk)(
+  return launch(kern, (NT, B * H),
+                [tok(K), tok(K), tok(V), tok(V)] + [row] * 7 + [state, vec, state, vec],
+                [tok(K), tok(K), tok(V)] + [row] * 3,
+                [sds(q.shape, q.dtype), sds(q.shape, q.dtype), sds(v.shape, q.dtype)]
+                + [sds(ig.shape, F32)] * 3,
+                st, st.cfg.warps_chunk, st.cfg.stages_chunk)(
                      q, k, v, do, bh, bl, ig, m0t, rz, dd, dmn, h, nh, dh, dnh)

@@ -21,60 +21,75 @@ from jax.experimental import pallas as pl
 from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
-                                                   state_at_flag, store_at_flag, total)
-from pallas_kernels.common.gpu.layout import Specs, launch, sds, value_tile
+                                                   read_blocks, state_at_flag, store_at_flag,
+                                                   total, write_blocks)
+from pallas_kernels.common.gpu.layout import Specs, launch, sds, spec_if, value_tile
 
 
-def _dh_kernel(*refs, NT, scale, is_varlen, delta, given_scores, bk):
-  """Reverse chunk loop, dS a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`)."""
-  refs = list(refs)
-  q_ref, k_ref = refs[:2]
-  w_ref = refs.pop(2) if delta else None
-  p_ref = refs.pop(4) if given_scores else None
-  do_ref, g_ref, dht_ref = refs[2:5]
-  refs = refs[5:]
-  if is_varlen:
-    starts_ref, ends_ref, _ = refs[:3]
-    refs = refs[3:]
-  dh_ref, dvn_ref, dh0_ref = refs
+def _scalar_dvn(qs, ks, do, dS, G, g_last, scale, dt, prec):
+  """dv' = P^T do + exp(G_C - G) k dS of a chunk with scalar gates, P formed here."""
+  P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+  return (dot_tn(P.astype(dt), do, prec)
+          + total([dot(scale_rows(k, jnp.exp(g_last - G), dt), s.astype(dt), prec)
+                   for k, s in zip(ks, dS)]))
+
+
+def _per_channel_dvn(P, ks, do, dS, dt, prec):
+  """dv' = P^T do + k dS of a chunk with per-channel gates (k gated, P the forward's)."""
+  return dot_tn(P, do, prec) + total([dot(k, s.astype(dt), prec) for k, s in zip(ks, dS)])
+
+
+def _scalar_dh_update(dS, qs, do, G, g_last, scale, dt, prec):
+  """dS <- exp(G_C) dS + (scale exp(G) q)^T do."""
+  return [s * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
+          for s, q in zip(dS, qs)]
+
+
+def _per_channel_dh_update(dS, qs, do, g_last, prec):
+  """dS <- diag(exp(G_C)) dS + q^T do, q arriving gated."""
+  return [decay_state(s, gl) + dot_tn(q, do, prec) for s, gl, q in zip(dS, g_last, qs)]
+
+
+def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dht_ref, starts_ref, ends_ref, dh00_ref,
+               dh_ref, dvn_ref, dh0_ref, *, NT, scale, bk):
+  """Reverse chunk loop, dS a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`).
+  Absent refs are None: w_ref without the delta correction; p_ref unless per-channel gates
+  (g_ref [T, K]: q and k arrive gated, P is read); starts_ref, ends_ref and dh00_ref (d
+  initial_state's initial content, aliased to dh0_ref) without varlen."""
+  del dh00_ref
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
   K, BV = dht_ref.shape[-2:]
   rows = key_blocks(K, bk)
+  per_channel = len(g_ref.shape) == 2
+  is_varlen = starts_ref is not None
 
   def body(i, dS):
     c = NT - 1 - i
     t0 = pl.multiple_of(c * C, C)
     sl = pl.ds(t0, C)
     if is_varlen:
-      dS = state_at_flag(ends_ref, c, dht_ref, dS, rows)
+      dS = state_at_flag(ends_ref[c], read_blocks(dht_ref, rows), dS)
     for r, s in zip(rows, dS):
       dh_ref[c, r, :] = s.astype(dh_ref.dtype)
     qs, ks, do = [q_ref[sl, r] for r in rows], [k_ref[sl, r] for r in rows], do_ref[sl, :]
-    if given_scores:  # q, k gated
+    if per_channel:
       g_last = [g_ref[t0 + C - 1, r] for r in rows]
-      dvn = dot_tn(p_ref[sl, :], do, prec) + total([dot(k, s.astype(dt), prec)
-                                                    for k, s in zip(ks, dS)])
+      dvn = _per_channel_dvn(p_ref[sl, :], ks, do, dS, dt, prec)
     else:
       G, g_last = chunk_gates(g_ref, t0, C)
-      P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
-      dvn = (dot_tn(P.astype(dt), do, prec)
-             + total([dot(scale_rows(k, jnp.exp(g_last - G), dt), s.astype(dt), prec)
-                      for k, s in zip(ks, dS)]))
+      dvn = _scalar_dvn(qs, ks, do, dS, G, g_last, scale, dt, prec)
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
     if len(rows) > 1:  # loaded again for the update, not held live through the step's other dots
       qs = [q_ref[sl, r] for r in rows]
-    if given_scores:
-      dS = [decay_state(s, gl) + dot_tn(q, do, prec) for s, gl, q in zip(dS, g_last, qs)]
-    else:
-      dS = [s * jnp.exp(g_last) + dot_tn(scale_rows(q, jnp.exp(G) * scale, dt), do, prec)
-            for s, q in zip(dS, qs)]
-    if delta:
+    dS = (_per_channel_dh_update(dS, qs, do, g_last, prec) if per_channel
+          else _scalar_dh_update(dS, qs, do, G, g_last, scale, dt, prec))
+    if w_ref is not None:
       dS = [s - dot_tn(w_ref[sl, r], dvn_c, prec) for s, r in zip(dS, rows)]
     if is_varlen:
-      store_at_flag(starts_ref, c, dh0_ref, dS, rows)
+      store_at_flag(starts_ref[c], write_blocks(dh0_ref, rows, dS))
     return dS
 
   if is_varlen:
@@ -95,26 +110,22 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
   BV = value_tile(V, st.cfg.bv_state)
-  delta = w is not None
   per_channel = G.ndim == 4
   if per_channel and scores is None:
     raise ValueError("per-channel gates need the forward's intra-chunk `scores`")
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
-  keys = [q, k] + ([w] if delta else [])
-  args = keys + [do, G] + ([scores] if per_channel else []) + [dht]
-  in_specs = ([sp.seq_tok(K)] * len(keys) + [sp.seq_tok(BV, True),
-                                              sp.seq_gate(K if per_channel else None)]
-              + [sp.seq_tok(CHUNK)] * per_channel + [h0_spec])
-  aliases = None
-  if st.is_varlen:  # sequences with no tokens pass the final-state gradient straight through
-    args += [starts, ends, dht]
-    in_specs += [sp.seq_flags()] * 2 + [h0_spec]
-    aliases = {len(args) - 1: 2}
-  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale, is_varlen=st.is_varlen,
-                           delta=delta, given_scores=per_channel,
+  scores = scores if per_channel else None
+  flags = (starts, ends) if st.is_varlen else (None, None)
+  # varlen: sequences with no tokens pass the final-state gradient straight through
+  dht0 = dht if st.is_varlen else None
+  args = [q, k, w, do, G, scores, dht, *flags, dht0]
+  in_specs = [sp.seq_tok(K), sp.seq_tok(K), spec_if(w, sp.seq_tok(K)), sp.seq_tok(BV, True),
+              sp.seq_gate(K if per_channel else None), spec_if(scores, sp.seq_tok(CHUNK)), h0_spec,
+              *(spec_if(f, sp.seq_flags()) for f in flags), spec_if(dht0, h0_spec)]
+  kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale,
                            bk=state_key_block(st.cfg, K, per_channel))
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
-                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel), aliases)(*args)
+                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel), {9: 2})(*args)

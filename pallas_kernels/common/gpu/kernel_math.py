@@ -112,25 +112,32 @@ def total(parts):
   return functools.reduce(operator.add, parts)
 
 
-def state_at_flag(flags_ref, c, states_ref, S, rows):
-  """The state of sequence flags_ref[c] from states_ref [N, K, BV] (float32), as the key blocks
-  `rows` of S, when chunk c's varlen flag is set (>= 0), else S: a state pass entering a new
-  sequence at chunk c."""
-  i = flags_ref[c]
-  return lax.cond(i >= 0,
-                  lambda: [states_ref[jnp.maximum(i, 0), r, :].astype(F32) for r in rows],
-                  lambda: S)
+def state_at_flag(i, load, state):
+  """load(i), the state of sequence i, when a chunk's varlen flag i (`varlen.ChunkLayout.segments`:
+  the sequence a chunk starts, else -1) is set, else `state`: a state pass entering sequence i."""
+  return lax.cond(i >= 0, lambda: load(jnp.maximum(i, 0)), lambda: state)
 
 
-def store_at_flag(flags_ref, c, states_ref, S, rows):
-  """states_ref[flags_ref[c]] = S (its key blocks `rows`) when chunk c's varlen flag is set (>= 0):
-  a state pass leaving a sequence at chunk c."""
-  i = flags_ref[c]
+def store_at_flag(i, store):
+  """store(i) when a chunk's varlen flag i is set (>= 0): a state pass leaving sequence i."""
 
   @pl.when(i >= 0)
   def _():
+    store(jnp.maximum(i, 0))
+
+
+def read_blocks(states_ref, rows):
+  """The `state_at_flag` load of a state held as key-row blocks: i -> the blocks `rows` of
+  states_ref[i] [K, BV], float32."""
+  return lambda i: [states_ref[i, r, :].astype(F32) for r in rows]
+
+
+def write_blocks(states_ref, rows, S):
+  """The `store_at_flag` store of a state held as key-row blocks: i -> states_ref[i] = S."""
+  def store(i):
     for r, s in zip(rows, S):
-      states_ref[jnp.maximum(i, 0), r, :] = s
+      states_ref[i, r, :] = s
+  return store
 
 
 def unit_lower_inverse_product(D):

@@ -134,6 +134,11 @@ def sds(shape, dtype):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
+def spec_if(x, spec):
+  """`spec`, or None where the operand x is absent (None: the kernel gets a None ref)."""
+  return None if x is None else spec
+
+
 def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stages, aliases=None):
   """`pl.pallas_call` with the Triton compiler parameters: the kernel as a function of its
   inputs."""
@@ -144,13 +149,26 @@ def launch(kernel, grid, in_specs, out_specs, out_shape, st: Static, warps, stag
 def call(kernel, grid, in_specs, out_specs, out_shape, *, interpret, warps, stages, aliases=None,
          loop_trips=None):
   """`launch` for kernels outside a chunked custom_vjp (no `Static`); `loop_trips`: the trip count
-  of a loop whose bounds are read from refs, for the cost estimate (`kernel_cost`)."""
+  of a loop whose bounds are read from refs, for the cost estimate (`kernel_cost`). Inputs and
+  outputs may be None (their refs are None in the kernel, as in jax's Pallas flash attention);
+  `aliases` {input: output} count positions in the lists with their None entries, and an alias
+  of an absent input is dropped."""
   pallas = functools.partial(pl.pallas_call, kernel, grid=grid, in_specs=in_specs,
                              out_specs=out_specs, out_shape=out_shape,
-                             input_output_aliases=aliases or {},
                              compiler_params=compiler_params(warps, stages), interpret=interpret)
-  return lambda *args: pallas(cost_estimate=kernel_cost(pallas(), *args,
-                                                        loop_trips=loop_trips))(*args)
+
+  def run(*args):
+    flat = {_present_index(args, i): _present_index(out_shape, j)
+            for i, j in (aliases or {}).items() if args[i] is not None}
+    cost = kernel_cost(pallas(input_output_aliases=flat), *args, loop_trips=loop_trips)
+    return pallas(input_output_aliases=flat, cost_estimate=cost)(*args)
+  return run
+
+
+def _present_index(items, i):
+  """Position i of a list with absent (None) entries among its present ones: pallas_call flattens
+  its arguments and results, so None inputs and outputs (absent refs) take no index."""
+  return sum(x is not None for x in items[:i])
 
 
 # --- the input prologue of the chunked ops --------------------------------------------------------
