@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 F32 = jnp.float32
+CHUNK = 64  # tokens per chunk of every chunked path: the xla ones' default and the GPU kernels'
 
 
 def precision_for(dtype):

@@ -18,12 +18,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.chunk import (F32, chunk_local_cumsum, from_chunks, gated_scores, mm,
-                                         suffix_sum, to_chunks, unit_lower_inverse)
+from pallas_kernels.common.chunk import (CHUNK, F32, chunk_local_cumsum, from_chunks, gated_scores,
+                                         mm, suffix_sum, to_chunks, unit_lower_inverse)
 from pallas_kernels.common.scan import scan_with_resets
 from pallas_kernels.gated_delta_rule.reference import fused_recurrent_gated_delta_rule  # noqa: F401
-
-CHUNK = 64
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens=None,

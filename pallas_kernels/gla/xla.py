@@ -16,12 +16,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.chunk import (F32, chunk_local_cumsum, from_chunks, gated_scores, mm,
-                                         suffix_sum, to_chunks)
+from pallas_kernels.common.chunk import (CHUNK, F32, chunk_local_cumsum, from_chunks, gated_scores,
+                                         mm, suffix_sum, to_chunks)
 from pallas_kernels.common.scan import scan_with_resets
 from pallas_kernels.gla.reference import fused_recurrent_gla  # noqa: F401
-
-CHUNK = 64
 
 
 def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None,

@@ -63,7 +63,7 @@ DEFAULT = Config()
 class _Static(NamedTuple):
   C: int
   BD: int
-  varlen: bool
+  is_varlen: bool
   interpret: bool
   cfg: Config
 
@@ -240,12 +240,12 @@ def _carry(A, b, init, reset, record, st: _Static, reverse: bool):
   N = init.shape[0]
   BD = min(st.cfg.bd_carry, st.BD)
   rows = pl.BlockSpec((None, NT, BD), lambda j, b: (b, 0, j))
-  if st.varlen:
+  if st.is_varlen:
     state = pl.BlockSpec((N, BD), lambda j, b: (0, j))
   else:
     state = pl.BlockSpec((None, BD), lambda j, b: (b, j))
   # varlen: sequences with no tokens pass `init` through (h0 -> final, dht -> dh0)
-  flags = (reset, record, init) if st.varlen else (None, None, None)
+  flags = (reset, record, init) if st.is_varlen else (None, None, None)
   flag_spec = pl.BlockSpec((NT,), lambda j, b: (0,))
   in_specs = [rows, rows, state] + [spec_if(x, spec) for x, spec in zip(flags, [flag_spec] * 2
                                                                         + [state])]
@@ -263,7 +263,7 @@ def _hgrn(st: _Static, x, g, h0, starts, ends):
 
 
 def _hgrn_fwd(st, x, g, h0, starts, ends):
-  if not st.varlen and x.shape[1] == st.C:  # one chunk (decoding): no chunk loop
+  if not st.is_varlen and x.shape[1] == st.C:  # one chunk (decoding): no chunk loop
     S_in = h0[:, None]
     o, last = _forward(x, g, S_in, st, want_last=True)
     final = last[:, 0]

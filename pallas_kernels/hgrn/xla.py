@@ -15,11 +15,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
+from pallas_kernels.common.chunk import CHUNK
 from pallas_kernels.common.scan import scan_with_resets
 from pallas_kernels.hgrn.reference import fused_recurrent_hgrn  # noqa: F401
 
 F32 = jnp.float32
-CHUNK = 64
 
 
 def _chunk_local_scan(g, x):

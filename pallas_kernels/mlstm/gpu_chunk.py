@@ -15,14 +15,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import Static  # (scale, is_varlen, interpret, cfg)
+from pallas_kernels.common.gpu.config import CHUNK, Static  # (scale, is_varlen, interpret, cfg)
 from pallas_kernels.common.gpu.kernel_math import (F32, dot, dot_nt, dot_tn, iota, precision,
                                                    state_at_flag, store_at_flag)
 from pallas_kernels.common.gpu.layout import launch, sds, spec_if
 from pallas_kernels.mlstm import reference
 from pallas_kernels.mlstm.reference import EPS
 
-CHUNK = 64
 MW = 16  # m is kept as a row of MW equal lanes in HBM (Triton loads and stores blocks, not scalars)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-CHUNK = 64  # tokens per chunk of every chunked stage
+from pallas_kernels.common.chunk import CHUNK  # noqa: F401  (tokens per chunk of every stage)
 
 
 class Config(NamedTuple):
