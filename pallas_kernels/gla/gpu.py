@@ -42,7 +42,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu import chunk_dh, chunk_state, config as shared_config

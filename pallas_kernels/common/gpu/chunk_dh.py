@@ -15,14 +15,13 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    read_blocks, state_at_flag, store_at_flag,
-                                                   total, write_blocks)
+                                                   total, walk_chunks, write_blocks)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, spec_if, value_tile
 
 
@@ -60,10 +59,8 @@ def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dht_ref, starts_ref, e
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
-  K, BV = dht_ref.shape[-2:]
-  rows = key_blocks(K, bk)
-  per_channel = len(g_ref.shape) == 2
-  is_varlen = starts_ref is not None
+  rows = key_blocks(dht_ref.shape[-2], bk)
+  per_channel, is_varlen = len(g_ref.shape) == 2, starts_ref is not None
 
   def body(i, dS):
     c = NT - 1 - i
@@ -92,14 +89,7 @@ def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dht_ref, starts_ref, e
       store_at_flag(starts_ref[c], write_blocks(dh0_ref, rows, dS))
     return dS
 
-  if is_varlen:
-    dS0 = [jnp.zeros((r.size, BV), F32) for r in rows]
-  else:
-    dS0 = [dht_ref[r, :].astype(F32) for r in rows]
-  dS = lax.fori_loop(0, NT, body, dS0)
-  if not is_varlen:
-    for r, s in zip(rows, dS):
-      dh0_ref[r, :] = s
+  walk_chunks(NT, body, dht_ref, dh0_ref, rows, is_varlen)
 
 
 def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu import chunk_o
@@ -33,7 +32,7 @@ from pallas_kernels.common.gpu.config import (CHUNK, Static, split_output, state
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    read_blocks, state_at_flag, store_at_flag,
-                                                   total, write_blocks)
+                                                   total, walk_chunks, write_blocks)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, spec_if, value_tile
 
 
@@ -75,10 +74,8 @@ def _state_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, p_ref, h0_ref, starts_ref, 
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
-  K, BV = h0_ref.shape[-2:]
-  rows = key_blocks(K, bk)
-  per_channel = len(g_ref.shape) == 2
-  is_varlen = starts_ref is not None
+  rows = key_blocks(h0_ref.shape[-2], bk)
+  per_channel, is_varlen = len(g_ref.shape) == 2, starts_ref is not None
 
   def body(c, S):
     t0 = pl.multiple_of(c * C, C)
@@ -111,14 +108,7 @@ def _state_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, p_ref, h0_ref, starts_ref, 
       store_at_flag(ends_ref[c], write_blocks(fin_ref, rows, S))
     return S
 
-  if is_varlen:
-    S0 = [jnp.zeros((r.size, BV), F32) for r in rows]
-  else:
-    S0 = [h0_ref[r, :].astype(F32) for r in rows]
-  S = lax.fori_loop(0, NT, body, S0)
-  if fin_ref is not None and not is_varlen:
-    for r, s in zip(rows, S):
-      fin_ref[r, :] = s
+  walk_chunks(NT, body, h0_ref, fin_ref, rows, is_varlen)
 
 
 def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores=None,

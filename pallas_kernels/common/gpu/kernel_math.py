@@ -126,6 +126,21 @@ def store_at_flag(i, store):
     store(jnp.maximum(i, 0))
 
 
+def walk_chunks(NT, body, init_ref, final_ref, rows, is_varlen):
+  """The chunk loop of a state pass over a state held as key-row blocks `rows`: S = body(i, S) for
+  i < NT, from init_ref [K, BV] (float32) with the last S written to final_ref (when not None);
+  with varlen from zeros, each sequence's state entered and left at its flagged chunks inside
+  `body` (`state_at_flag`, `store_at_flag`)."""
+  if is_varlen:
+    S0 = [jnp.zeros((r.size, init_ref.shape[-1]), F32) for r in rows]
+  else:
+    S0 = [init_ref[r, :].astype(F32) for r in rows]
+  S = lax.fori_loop(0, NT, body, S0)
+  if final_ref is not None and not is_varlen:
+    for r, s in zip(rows, S):
+      final_ref[r, :] = s
+
+
 def read_blocks(states_ref, rows):
   """The `state_at_flag` load of a state held as key-row blocks: i -> the blocks `rows` of
   states_ref[i] [K, BV], float32."""
