@@ -6,6 +6,8 @@ Two views of the same packing:
   boundary (padding tokens in between), so the chunked algorithm only has to reset its state at
   chunk boundaries. Padding tokens are filled with values that leave the state unchanged (zero keys,
   zero gates, ...), so the state at the end of a sequence's last chunk is its final state.
+`chunk_plan`, `to_chunked` and `from_chunked` are the input prologue and output epilogue of the
+chunked xla and GPU paths: whole chunks by padding the end, or by that re-packing with cu_seqlens.
 All arrays are computed with jnp, so `cu_seqlens` may be traced; shapes depend on T, C and N only.
 """
 from __future__ import annotations
@@ -63,6 +65,40 @@ def chunk_layout(cu_seqlens, T: int, C: int) -> ChunkLayout:
   local = (pc - first[cseq[pc]]) * C + p % C
   src = jnp.where(used[pc] & (local < lens[cseq[pc]]), cu[cseq[pc]] + local, T)
   return ChunkLayout(src, dst, Segments(starts, ends))
+
+
+class ChunkPlan(NamedTuple):
+  """How [B, T, ...] maps onto whole chunks of C tokens: padded at the end (`layout` None), or
+  re-packed chunk-aligned (cu_seqlens, B == 1)."""
+  T: int
+  C: int
+  layout: ChunkLayout | None
+
+  @property
+  def segments(self) -> Segments | None:
+    """The per-chunk sequence starts / ends (`ChunkLayout.segments`); None without cu_seqlens."""
+    return None if self.layout is None else self.layout.segments
+
+
+def chunk_plan(T: int, C: int, cu_seqlens=None) -> ChunkPlan:
+  return ChunkPlan(T, C, None if cu_seqlens is None else chunk_layout(cu_seqlens, T, C))
+
+
+def to_chunked(x, plan: ChunkPlan, pad_value=0.0):
+  """[B, T, ...] -> [B, N * C, ...]: padded at the end, or re-packed, with `pad_value` (a value that
+  leaves the state unchanged)."""
+  if plan.layout is not None:
+    return pack(x, plan.layout, pad_value)
+  extra = -plan.T % plan.C
+  if extra == 0:
+    return x
+  widths = [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2)
+  return jnp.pad(x, widths, constant_values=pad_value)
+
+
+def from_chunked(y, plan: ChunkPlan):
+  """[B, N * C, ...] -> [B, T, ...]: `to_chunked` undone."""
+  return y[:, :plan.T] if plan.layout is None else unpack(y, plan.layout)
 
 
 def pack(x, layout: ChunkLayout, pad_value=0.0):

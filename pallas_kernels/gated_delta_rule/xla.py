@@ -37,14 +37,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens
   beta = beta.astype(F32)[..., None]
 
   # Pad (and for varlen re-pack chunk-aligned) with tokens that leave the state unchanged.
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    q, k, v, g, beta = (varlen.pack(x, layout) for x in (q, k, v, g, beta))
-  elif T % C:
-    pad = lambda x: jnp.pad(x, [(0, 0), (0, -T % C)] + [(0, 0)] * (x.ndim - 2))
-    q, k, v, g, beta = map(pad, (q, k, v, g, beta))
-  q, k, v, g, beta = (to_chunks(x, C) for x in (q, k, v, g, beta))  # [B, H, N, C, .]
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  q, k, v, g, beta = (to_chunks(varlen.to_chunked(x, plan), C)
+                      for x in (q, k, v, g, beta))                  # [B, H, N, C, .]
 
   # Gate sums over their own ranges (see common.chunk): -inf gates give exact zeros, never NaN.
   G = chunk_local_cumsum(g, axis=-2)                                 # [B, H, N, C, K or 1]
@@ -66,12 +61,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state, cu_seqlens
     return S_next, (S, v_new)
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
-  segments = None if layout is None else layout.segments
   S, (S_in, v_new) = scan_with_resets(step, initial_state, tuple(map(chunk_major, (w, u, k_out, decay_last))),
-                                      segments)
+                                      plan.segments)
   S_in, v_new = jnp.moveaxis(S_in, 0, 2), jnp.moveaxis(v_new, 0, 2)  # [B, H, N, ...]
   q_dec = q.astype(F32) * jnp.exp(G) * scale
   o = mm("bhnck,bhnkv->bhncv", q_dec, S_in, dt) + mm("bhnij,bhnjv->bhniv", Aqk, v_new, dt)
-  o = from_chunks(o.astype(dt))
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S
+  return varlen.from_chunked(from_chunks(o.astype(dt)), plan), S

@@ -35,12 +35,8 @@ def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None,
   g = g[..., None] if g.ndim == 3 else g
 
   # Pad (and for varlen re-pack chunk-aligned) with zero tokens: k = 0, g = 0 leave the state as is.
-  layout = None if cu_seqlens is None else varlen.chunk_layout(cu_seqlens, T, C)
-  if layout is not None:
-    q, k, v, g = (varlen.pack(x, layout) for x in (q, k, v, g))
-  elif T % C:
-    q, k, v, g = (jnp.pad(x, [(0, 0), (0, -T % C), (0, 0), (0, 0)]) for x in (q, k, v, g))
-  q, k, v, g = (to_chunks(x, C) for x in (q, k, v, g))                # [B, H, N, C, .]
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  q, k, v, g = (to_chunks(varlen.to_chunked(x, plan), C) for x in (q, k, v, g))  # [B, H, N, C, .]
 
   exclusive = u is not None                                           # o_t reads S_{t-1}
   A = gated_scores(q, k, g, dt, strict=exclusive, exclusive=exclusive) * scale
@@ -60,10 +56,8 @@ def chunk_gla(q, k, v, g, *, scale, initial_state, cu_seqlens=None, u=None,
     return S * d_c + mm("bhck,bhcv->bhkv", k_c, v_c, dt), S
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
-  segments = None if layout is None else layout.segments
-  S, S_in = scan_with_resets(step, initial_state, tuple(map(chunk_major, (k_out, v, decay_last))), segments)
+  S, S_in = scan_with_resets(step, initial_state, tuple(map(chunk_major, (k_out, v, decay_last))),
+                             plan.segments)
   q_dec = q.astype(F32) * jnp.exp(Gq) * scale
   o = o + mm("bhnck,bhnkv->bhncv", q_dec, jnp.moveaxis(S_in, 0, 2), dt)
-  o = from_chunks(o.astype(dt))
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S
+  return varlen.from_chunked(from_chunks(o.astype(dt)), plan), S

@@ -305,20 +305,13 @@ def chunk_hgrn(x, g, *, initial_state, cu_seqlens=None, interpret=False,
   Dp = -(-D // BD) * BD
 
   # Pad (and for varlen re-pack chunk-aligned) with x = g = 0, which leaves the state unchanged.
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    x, g = varlen.pack(x, layout), varlen.pack(g, layout)
-    starts, ends = layout.segments
-  else:
-    x, g = (pad_axis(a, 1, -(-T // C) * C) for a in (x, g))
-    starts = ends = jnp.zeros((1,), jnp.int32)
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  x, g = varlen.to_chunked(x, plan), varlen.to_chunked(g, plan)
+  starts, ends = plan.segments or (None, None)
   x, g, h0 = pad_axis(x, 2, Dp), pad_axis(g, 2, Dp), pad_axis(initial_state, 1, Dp)
-  st = _Static(C, BD, layout is not None, bool(interpret), config)
+  st = _Static(C, BD, cu_seqlens is not None, bool(interpret), config)
   o, S = _hgrn(st, x, g, h0, starts, ends)
-  o = o[..., :D]
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S[:, :D]
+  return varlen.from_chunked(o[..., :D], plan), S[:, :D]
 
 
 def fused_recurrent_hgrn(x, g, *, initial_state, cu_seqlens=None, interpret=False):

@@ -39,12 +39,8 @@ def chunk_hgrn(x, g, *, initial_state, cu_seqlens=None, chunk_size: int = CHUNK)
   xf, gf = x.astype(F32), g.astype(F32)
 
   # Pad (and for varlen re-pack chunk-aligned) with x = g = 0, which leaves the state unchanged.
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    xf, gf = varlen.pack(xf, layout), varlen.pack(gf, layout)
-  elif T % C:
-    xf, gf = (jnp.pad(a, [(0, 0), (0, -T % C), (0, 0)]) for a in (xf, gf))
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  xf, gf = varlen.to_chunked(xf, plan), varlen.to_chunked(gf, plan)
   Bp, Tp = xf.shape[:2]
   xf, gf = xf.reshape(Bp, Tp // C, C, D), gf.reshape(Bp, Tp // C, C, D)  # [B, N, C, D]
 
@@ -55,9 +51,7 @@ def chunk_hgrn(x, g, *, initial_state, cu_seqlens=None, chunk_size: int = CHUNK)
     return jnp.exp(g_last) * S + h_last, S
 
   chunk_major = lambda a: jnp.moveaxis(a[:, :, -1], 1, 0)               # [N, B, D]
-  segments = None if layout is None else layout.segments
-  S, S_in = scan_with_resets(step, initial_state, (chunk_major(G), chunk_major(h_loc)), segments)
+  S, S_in = scan_with_resets(step, initial_state, (chunk_major(G), chunk_major(h_loc)),
+                             plan.segments)
   o = h_loc + jnp.exp(G) * jnp.moveaxis(S_in, 0, 1)[:, :, None]
-  o = o.reshape(Bp, Tp, D).astype(x.dtype)
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S
+  return varlen.from_chunked(o.reshape(Bp, Tp, D).astype(x.dtype), plan), S

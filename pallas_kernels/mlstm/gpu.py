@@ -228,27 +228,18 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, interpr
   V, dt = v.shape[-1], q.dtype
   k, v = k.astype(dt), v.astype(dt)
   lf, ig = jax.nn.log_sigmoid(f.astype(F32)), i.astype(F32)
-  layout = empty = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, CHUNK)
-    q, k, v, lf = (varlen.pack(x, layout) for x in (q, k, v, lf))
-    ig = varlen.pack(ig, layout, NO_INPUT)
-    starts, ends = layout.segments
-    empty = cu_seqlens[1:] == cu_seqlens[:-1]
-  else:
-    Tp = -(-T // CHUNK) * CHUNK
-    q, k, v, lf = (pad_axis(x, 1, Tp) for x in (q, k, v, lf))
-    ig = pad_axis(ig, 1, Tp, NO_INPUT)
-    starts = ends = jnp.zeros((1,), jnp.int32)
+  plan = varlen.chunk_plan(T, CHUNK, cu_seqlens)
+  q, k, v, lf = (varlen.to_chunked(x, plan) for x in (q, k, v, lf))
+  ig = varlen.to_chunked(ig, plan, NO_INPUT)
+  starts, ends = plan.segments or (None, None)
+  empty = None if cu_seqlens is None else cu_seqlens[1:] == cu_seqlens[:-1]
   Kp, Vp = next_pow2(K), next_pow2(V)
   q, k, v = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp), pad_axis(v, 3, Vp)
   C0p, n0p = pad_axis(pad_axis(C0, 2, Kp), 3, Vp), pad_axis(n0, 2, Kp)
   st = Static(float(scale), cu_seqlens is not None, bool(interpret), config)
   hm = lambda x: jnp.swapaxes(x, 1, 2)
   o, (C, n, m) = _chunk_mlstm(st, q, k, v, hm(lf), hm(ig), C0p, n0p, m0, starts, ends, empty)
-  o = o[..., :V]
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, (C[:, :, :K, :V], n[:, :, :K], m)
+  return varlen.from_chunked(o[..., :V], plan), (C[:, :, :K, :V], n[:, :, :K], m)
 
 
 # --- decode ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ bodies that every family's chunked path shares.
   inside (`lax.fori_loop`) with the float32 state [K, BV] carried in registers; blocks span T;
 - `run_chunked`, the input prologue of every chunked op: the limits check (`unsupported`), padding
   K to a power of two (per-channel gates with K), V to a power of two or, above MAX_DIM, to whole
-  value tiles, and T to whole chunks (or re-packing cu_seqlens chunk-aligned with common.varlen),
+  value tiles, and T to whole chunks (or re-packing cu_seqlens chunk-aligned: common.varlen's chunk
+  plan, as the xla paths),
   and undoing the padding. Any V runs in one launch of each kernel: the state passes take its value
   tiles on their grid, the chunk kernels loop over them, so the V-independent work (the WY
   transform's inverse and w, the q/k side of the gradient kernels) is done once.
@@ -213,7 +214,7 @@ def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_s
   `core(st: Static, q, k, v, *gates, *per_head, h0, starts, ends)` gets the gates in float32,
   scalars head-major [B, H, T] and per-channel ones [B, T, H, K] (K padded), the per-head
   parameters float32 with K padded, and returns (o, final state) of the padded problem;
-  `starts`/`ends` are the varlen segment flags per chunk (a dummy [1] otherwise). `family_config`
+  `starts`/`ends` are the varlen segment flags per chunk (None without cu_seqlens). `family_config`
   becomes `st.family_cfg`; `check(q, k, v, *gates)` says why the kernels cannot run the inputs
   (the family's dispatch hook, where its kernels have limits of their own).
   Returns (o [B, T, H, V] in q.dtype, final_state [N, H, K, V] float32).
@@ -231,14 +232,9 @@ def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_s
   gates = [jax.lax.optimization_barrier(jnp.zeros((B, T, H), F32) if x is None else x.astype(F32))
            for x in gates]
 
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    q, k, v, *gates = (varlen.pack(x, layout) for x in (q, k, v, *gates))
-    starts, ends = layout.segments
-  else:
-    q, k, v, *gates = (pad_axis(x, 1, -(-T // C) * C) for x in (q, k, v, *gates))
-    starts = ends = jnp.zeros((1,), jnp.int32)
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  q, k, v, *gates = (varlen.to_chunked(x, plan) for x in (q, k, v, *gates))
+  starts, ends = plan.segments or (None, None)
   q, k = pad_axis(q, 3, Kp), pad_axis(k, 3, Kp)
   v = pad_axis(v, 3, Vp)
   h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
@@ -246,6 +242,4 @@ def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_s
   per_head = [None if x is None else pad_axis(x.astype(F32), 1, Kp) for x in per_head]
   st = Static(float(scale), cu_seqlens is not None, bool(interpret), config, family_config)
   o, S = core(st, q, k, v, *gates, *per_head, h0, starts, ends)
-  o = o[..., :V]
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
-  return o, S[:, :, :K, :V]
+  return varlen.from_chunked(o[..., :V], plan), S[:, :, :K, :V]
