@@ -1,6 +1,7 @@
-"""The scores of a trained cell (held-out perplexity and bits per byte, the RULER-style tasks, MQAR,
-efficiency) and of the positive control, a teacher scored on the same RULER-style tasks
-(`<out>/control.json`)."""
+"""The scores of a model (`score_model`: held-out perplexity and bits per byte, the RULER-style
+tasks, MQAR, efficiency), of a trained cell (`score_cell`: its run's model on its held-out split,
+with its training FLOPs) and of the positive control, a teacher scored on the same RULER-style
+tasks (`<out>/control.json`)."""
 from __future__ import annotations
 
 import json
@@ -13,26 +14,44 @@ from lineax_lm.experiments.cells import heldout_config
 
 
 def score_cell(cell_dir: str, size) -> dict:
-  """Loads the cell's trained model and scores it (see the module docstring)."""
-  import numpy as np
-  from lineax_lm.data.pipeline import make_source
-  from lineax_lm.eval import efficiency, language, mqar, ruler
+  """Loads the cell's trained model and scores it on its own held-out split (`score_model`), with
+  the training FLOPs its run config gives."""
+  from lineax_lm.eval.efficiency import model_costs
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
-  from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
-  from lineax_lm.models.presets import model_config
-
   trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
+  out = score_model(trained, data_tokenizer(run_config),
+                    heldout_documents(heldout_config(run_config), size.ppl_documents), size,
+                    max_len=run_config.data.seq_len)
+  train_costs = model_costs(trained.config, run_config.data.seq_len // 2)
+  per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]
+               + 2 * trained.config.hidden * trained.config.vocab_size)  # forward, causal mean context
+  out["train_flops"] = (3.0 * per_token * run_config.train.steps * run_config.data.seq_len
+                        * run_config.data.global_batch_size)
+  return out
+
+
+def heldout_documents(data_config, count: int) -> list[str]:
+  """The first `count` documents of a data config section's held-out split (`heldout_config`)."""
+  from lineax_lm.data.pipeline import make_source
+  src = make_source(data_config, seed=0)
+  return [src[i] for i in range(min(len(src), count))]
+
+
+def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int) -> dict:
+  """The scores of the module docstring (all but the training FLOPs) of model `trained` (a
+  HybridLM) under `size`'s evaluation settings: held-out perplexity and bits per byte of
+  `documents` in rolling windows of `max_len` tokens of `tokenizer`, the RULER-style tasks, MQAR
+  and the efficiency rows."""
+  import numpy as np
+  from lineax_lm.eval import efficiency, language, mqar, ruler
+  from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
   # Every scored row (perplexity windows, RULER prompts of every length, MQAR) padded to
-  # size.eval_length: one compiled program for the cell, where a small model's compile on a GPU
+  # size.eval_length: one compiled program for the model, where a small model's compile on a GPU
   # costs far more than the padded compute.
   model = Scorer(trained, size.eval_batch, min_length=size.eval_length or MIN_BUCKET)
-  tokenizer = data_tokenizer(run_config)
-  src = make_source(heldout_config(run_config), seed=0)
-  docs = [src[i] for i in range(min(len(src), size.ppl_documents))]
   out = {}
   t = time.time()
-  ppl = language.perplexity(model, tokenizer, docs, max_len=run_config.data.seq_len,
-                            batch_size=size.eval_batch)
+  ppl = language.perplexity(model, tokenizer, documents, max_len=max_len, batch_size=size.eval_batch)
   out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
              heldout_tokens=ppl["tokens"])
   rows = ruler.evaluate_tasks(model if size.ruler_mode == "teacher_forced" else trained, tokenizer, tasks=list(size.ruler_tasks),
@@ -41,20 +60,14 @@ def score_cell(cell_dir: str, size) -> dict:
   out["ruler"] = rows
   out.update(ruler.ruler_means(rows))
   mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(
-      model, vocab_size=min(256, run_config.model.get("vocab_size") or 256), seq_len=L,
+      model, vocab_size=min(256, trained.config.vocab_size), seq_len=L,
       num_kv_pairs=n, num_examples=size.mqar_examples, batch_size=size.eval_batch))
       for L, n in size.mqar]
   out["mqar"] = mq
   out["mqar_mean"] = float(np.mean([r["accuracy"] for r in mq])) if mq else None
   out["eval_seconds"] = round(time.time() - t, 1)
-  model_cfg = model_config(run_config.model)
-  costs = [efficiency.model_costs(model_cfg, L) for L in size.efficiency_lengths]
-  train_costs = efficiency.model_costs(model_cfg, run_config.data.seq_len // 2)
-  per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]
-               + 2 * model_cfg.hidden * model_cfg.vocab_size)       # forward, causal mean context
+  costs = [efficiency.model_costs(trained.config, L) for L in size.efficiency_lengths]
   out.update(params=costs[0]["params"],
-             train_flops=3.0 * per_token * run_config.train.steps * run_config.data.seq_len
-             * run_config.data.global_batch_size,
              efficiency=[dict(context_len=c["context_len"], mixing_MFLOPs_per_token=c["mixing_flops"] / 1e6,
                               decode_mixing_MFLOPs=c["decode_mixing_flops"] / 1e6,
                               cache_MiB=c["cache_bytes"] / 2**20, kv_cache_MiB=c["kv_cache_bytes"] / 2**20,
