@@ -43,12 +43,15 @@ def write_quality_vs_flops(results: list[dict], out: str, plt) -> None:
   SHARE_PLOTS' colours: the same grid order) and a marker per ratio, the Transformer a black star.
   Thirty-one labelled points would overlap: the legends name them instead."""
   from matplotlib.lines import Line2D
+  # a downloaded checkpoint's training FLOPs are unknown (lineax_lm.experiments.fla_table)
+  results = [r for r in results if r.get("heldout_bits_per_byte") is not None
+             and r.get("train_flops") is not None]
+  if not results:
+    return
   mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
   markers = dict(zip(sizes_lib.RATIOS, "osD^v"))
   fig, ax = plt.subplots(figsize=(8.5, 4.5))
   for r in results:
-    if r.get("heldout_bits_per_byte") is None:
-      continue
     if r["mixer"] == "transformer":
       style = dict(color="black", marker="*", s=90)
     else:
@@ -77,12 +80,13 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
   mix the loss's sudden fall is where the cell learnt the lookup (MQAR's jump): the scores say
   whether a cell recalls, the curves when it began to and how close a cell that did not came.
   `results` in the grid's order (load_results), so a panel's lines run from 24:1 to pure."""
+  loss = {r["name"]: metrics_lib.curve(metrics_lib.read_rows(
+      os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss") for r in results}
+  results = [r for r in results if loss[r["name"]][0]]  # a downloaded checkpoint has no run here
   transformer = [r for r in results if r["mixer"] == "transformer"]
   mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
   if not mixers:
     return
-  loss = {r["name"]: metrics_lib.curve(metrics_lib.read_rows(
-      os.path.join(out, "cells", r["name"], "run", "metrics.jsonl")), "loss") for r in results}
   cols = min(3, len(mixers))
   rows = -(-len(mixers) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
