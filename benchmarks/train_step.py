@@ -7,6 +7,7 @@
     python benchmarks/train_step.py --torch DIR/torch_train_step.json    # torch figures run before
     python benchmarks/train_step.py --long --presets gated_deltanet_340m_fla,gated_deltanet_340m_fla@auto
                                             # the linear ops whole, then on segments of T
+    python benchmarks/train_step.py --config.model.scan_layers=true  # a ModelConfig field of every preset
 
 --run_torch runs benchmarks/torch_train_step.py (HF's LlamaForCausalLM, then fla's
 GatedDeltaNetForCausalLM, at the same batch and length) in a subprocess before JAX touches the GPU,
@@ -23,12 +24,13 @@ master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM t
 with torch (B=8, T=4096, vocab 32,000: 88.8k tokens/s, 54.8 GiB on the H200; benchmarks/RESULTS.md).
 MFU uses 6 N FLOPs per token with N all parameters (the anchor's convention) over the device's dense
 bf16 peak. Defaults: the fla-matched 340M Gated DeltaNet and the same model with attention at every
-4th layer (3:1). Several presets run one process each (the script calls itself with one preset), so
-that each row's peak memory is its own.
+4th layer (3:1). Several presets run one process each (the script calls itself with one preset and
+the same flags), so that each row's peak memory is its own. `--config.model.<field>=value` overrides
+a ModelConfig field of every preset (ml_collections' syntax, as lineax_lm's commands take it);
+--batch, --seq, --loss_chunk, --dtype, --remat and --attn_impl set their config fields.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -38,38 +40,65 @@ import sys
 import tarfile
 import tempfile
 import time
+import types
+import typing
 from contextlib import nullcontext
 
 import jax
+import ml_collections
 import numpy as np
+from ml_collections import config_dict
 
 from lineax_lm import sharding
-from pallas_kernels.common import segments
-from lineax_lm.models.presets import get_preset
+from lineax_lm.models.config import ModelConfig
+from lineax_lm.models.presets import PRESETS, model_config
 from lineax_lm.train import metrics
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, validate_config
+from pallas_kernels.common import segments
+
+# This script's flags and the config field each sets: `--config.<field>` is refused for these.
+FLAG_FIELDS = {"batch": "data.global_batch_size", "seq": "data.seq_len",
+               "loss_chunk": "train.loss_chunk", "dtype": "model.dtype", "remat": "model.remat",
+               "attn_impl": "model.attn_impl", "presets": "model.preset"}
 
 
-def build(preset: str, batch: int, seq: int, overrides: dict, loss_chunk: int):
-  model = dataclasses.asdict(get_preset(preset, **overrides))
-  model["mixer_cfg"] = dict(model["mixer_cfg"])
-  config = base_config()
-  config.model = model
-  config.data.update(dict(seq_len=seq, global_batch_size=batch))
-  config.data.mqar.vocab_size = min(config.data.mqar.vocab_size, model["vocab_size"])
-  config.train.update(dict(steps=1000, warmup_steps=10, loss_chunk=loss_chunk))
+def benchmark_config() -> ml_collections.ConfigDict:
+  """base_config() with a 1,000-step schedule and a model section of a preset (each row's) and
+  every ModelConfig field but mixer_cfg as a typed placeholder: None keeps the preset's value,
+  `--config.model.<field>=value` overrides it in every row (presets.model_config)."""
+  c = base_config()
+  c.train.update(dict(steps=1000, warmup_steps=10))
+  hints = typing.get_type_hints(ModelConfig)
+  fields = {}
+  for field in dataclasses.fields(ModelConfig):
+    if field.name != "mixer_cfg":
+      kinds = [t for t in typing.get_args(hints[field.name]) if t is not type(None)]
+      kind = kinds[0] if kinds else hints[field.name]
+      fields[field.name] = config_dict.placeholder(typing.get_origin(kind) or kind)
+  c.model = ml_collections.ConfigDict(dict(preset="", **fields))
+  return c
+
+
+def build(config):
+  """The Trainer of a benchmark config whose model section names its preset."""
+  config = config.copy_and_resolve_references()
+  # the fields left None are the preset's (model_config); the config's checks read the rest
+  config.model = ml_collections.ConfigDict({k: v for k, v in config.model.items() if v is not None})
+  config.data.mqar.vocab_size = min(config.data.mqar.vocab_size, model_config(config.model).vocab_size)
   mesh = sharding.make_mesh(config.mesh)
   return Trainer(config, validate_config(config, mesh), mesh)
 
 
-def run(preset, batch, seq, steps, overrides, loss_chunk, profile=0, hlo=None):
-  """One preset's row. The first step is split into init (random parameters and optimizer state),
-  trace + lower and XLA compile of the train step, and its first run. `profile` > 0: a
-  jax.profiler trace of that many further steps, summarised per device op (profile_table);
-  `hlo`: a path to write the optimised HLO to (the fusions the profile names)."""
+def run(config, steps, profile=0, hlo=None):
+  """One row: the train step of `config` (a `benchmark_config` naming its preset). The first step
+  is split into init (random parameters and optimizer state), trace + lower and XLA compile of the
+  train step, and its first run. `profile` > 0: a jax.profiler trace of that many further steps,
+  summarised per device op (profile_table); `hlo`: a path to write the optimised HLO to (the
+  fusions the profile names)."""
   t0 = time.perf_counter()
-  trainer = build(preset, batch, seq, overrides, loss_chunk)
+  trainer = build(config)
+  batch, seq = config.data.global_batch_size, config.data.seq_len
   vocab = trainer.model_cfg.vocab_size
   rng = np.random.default_rng(0)
   batches = [trainer.put_batch({"inputs": rng.integers(0, vocab, (batch, seq), dtype=np.int32),
@@ -115,7 +144,7 @@ def run(preset, batch, seq, steps, overrides, loss_chunk, profile=0, hlo=None):
       table = profile_table(trace, profile)
   tok_s = batch * seq / step_s
   peak = metrics.peak_flops_per_device()
-  row = dict(preset=preset, params_M=trainer.num_params / 1e6, attention_layers=len(trainer.model_cfg.attention_indices),
+  row = dict(preset=config.model.preset, params_M=trainer.num_params / 1e6, attention_layers=len(trainer.model_cfg.attention_indices),
              step_s=step_s, tokens_per_s=tok_s, mfu_6N=(6 * trainer.num_params * tok_s / (peak * jax.device_count())
                                                          if peak else None),
              peak_GiB=metrics.device_memory_gib(), compile_s=compile_s, loss=float(m["loss"]),
@@ -184,16 +213,17 @@ def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profil
 
 
 def run_each_in_process(a, specs: list[str]) -> list[dict]:
-  """Each preset in a process of its own (this script with one preset): its rows."""
+  """Each preset in a process of its own (this script with one preset and the same flags and
+  `--config.*` overrides): its rows."""
   rows = []
   for spec in specs:
     part = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg") + ".json"
     args = [sys.executable, os.path.abspath(__file__), "--presets", spec, "--json", part]
-    for key in ("batch", "seq", "loss_chunk", "steps", "dtype", "remat", "attn_impl", "set",
-                "profile"):
+    for key in ("batch", "seq", "loss_chunk", "steps", "dtype", "remat", "attn_impl", "profile"):
       if getattr(a, key) is not None:
-        args += [f"--{key}", str(getattr(a, key))]
+        args.append(f"--{key}={getattr(a, key)}")
     args += ["--hlo"] if a.hlo else []
+    args += [f"--config.{field}={value}" for field, value in a.overrides.items()]
     if subprocess.run(args, check=False).returncode == 0 and os.path.exists(part):
       with open(part) as f:
         rows += json.load(f)
@@ -202,45 +232,78 @@ def run_each_in_process(a, specs: list[str]) -> list[dict]:
   return rows
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--presets", default="gated_deltanet_340m_fla,gated_deltanet_340m_fla:3:1")
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--seq", type=int, default=4096)
-  p.add_argument("--long", action="store_true", help="the long-context target: B=1, T=32,768")
-  p.add_argument("--loss_chunk", type=int, default=base_config().train.loss_chunk,
-                 help="tokens per chunk of the fused head + cross-entropy; 0: plain float32 logits")
-  p.add_argument("--torch", default=None, help="torch_train_step.json to print beside ours")
-  p.add_argument("--run_torch", action="store_true",
-                 help="run benchmarks/torch_train_step.py first")
-  p.add_argument("--torch_models", default=None,
-                 help="torch_train_step.py's --models (default: HF Llama, then fla's GatedDeltaNet)")
-  p.add_argument("--torch_timeout", type=float, default=900,
-                 help="seconds --run_torch's subprocess may take (fla's autotuning included)")
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--dtype", default="bfloat16")
-  p.add_argument("--remat", default="none")
-  p.add_argument("--attn_impl", default="cudnn" if jax.default_backend() == "gpu" else None,
-                 help="jax.nn.dot_product_attention implementation of the attention layers")
-  p.add_argument("--set", default="", help="ModelConfig overrides of every preset, e.g. "
-                 "scan_layers=false,remat=dots (values read as JSON where they parse)")
-  p.add_argument("--profile", type=int, default=0,
-                 help="trace this many steps after the timed ones; per-op table to <json>.profile.md "
-                 "(with --run_torch also fla's and Llama's kernel tables, torch_<model>.kernels.txt)")
-  p.add_argument("--hlo", action="store_true", help="write each preset's optimised HLO beside --json")
-  p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "train_step.json"))
-  a = p.parse_args()
+def define_flags(fv, argv: list[str]) -> None:
+  from absl import flags
+  from ml_collections import config_flags
+  flags.DEFINE_list("presets", ["gated_deltanet_340m_fla", "gated_deltanet_340m_fla:3:1"],
+                    "presets to time, each a process of its own; name:3:1 with attn_ratio 3:1, "
+                    "name@16 / name@auto with its linear ops on segments of T", flag_values=fv)
+  flags.DEFINE_integer("batch", 8, "rows a step", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("seq", 4096, "tokens a row", lower_bound=1, flag_values=fv)
+  flags.DEFINE_bool("long", False, "the long-context target: B=1, T=32,768", flag_values=fv)
+  flags.DEFINE_integer("loss_chunk", None, "tokens per chunk of the fused head + cross-entropy; "
+                       f"0: plain float32 logits (default: {base_config().train.loss_chunk})",
+                       lower_bound=0, flag_values=fv)
+  flags.DEFINE_string("torch", None, "torch_train_step.json to print beside ours", flag_values=fv)
+  flags.DEFINE_bool("run_torch", False, "run benchmarks/torch_train_step.py first", flag_values=fv)
+  flags.DEFINE_string("torch_models", None, "torch_train_step.py's --models (default: HF Llama, "
+                      "then fla's GatedDeltaNet)", flag_values=fv)
+  flags.DEFINE_float("torch_timeout", 900, "seconds --run_torch's subprocess may take (fla's "
+                     "autotuning included)", lower_bound=0, flag_values=fv)
+  flags.DEFINE_integer("steps", 10, "steps timed", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("dtype", "bfloat16", "activations", flag_values=fv)
+  flags.DEFINE_string("remat", "none", "remat policy (lineax_lm.models.config.REMAT_POLICIES)",
+                      flag_values=fv)
+  flags.DEFINE_string("attn_impl", None, "jax.nn.dot_product_attention implementation of the "
+                      "attention layers (default: cudnn on a GPU, else jax's choice)", flag_values=fv)
+  flags.DEFINE_integer("profile", 0, "trace this many steps after the timed ones; per-op table to "
+                       "<json>.profile.md (with --run_torch also fla's and Llama's kernel tables, "
+                       "torch_<model>.kernels.txt)", lower_bound=0, flag_values=fv)
+  flags.DEFINE_bool("hlo", False, "write each preset's optimised HLO beside --json", flag_values=fv)
+  flags.DEFINE_string("json", os.path.join(os.environ.get("OUT", "."), "train_step.json"),
+                      "the rows' file", flag_values=fv)
+  config_flags.DEFINE_config_dict(
+      "config", benchmark_config(), "the training config of every row (lineax_lm.train.config."
+      "base_config): --config.model.<field>=value overrides a ModelConfig field of every preset, "
+      "e.g. --config.model.scan_layers=true; --config.mesh.*, --config.train.* as in training",
+      flag_values=fv, sys_argv=argv)
+
+
+def parse_args(argv=None) -> types.SimpleNamespace:
+  """The flags, with `config` the training config they give (each row sets its preset) and
+  `overrides` its --config.<field> overrides; a bad flag exits with one line naming it."""
+  from ml_collections import config_flags
+  from lineax_lm import cli
+  fv = cli.parse(define_flags, argv, "python benchmarks/train_step.py", __doc__)
+  overrides = config_flags.get_override_values(fv["config"])
+  for flag, field in FLAG_FIELDS.items():
+    if field in overrides:
+      cli.fail(f"--config.{field}: set it with --{flag}")
+  unknown = [s for s in fv.presets if s.partition("@")[0].partition(":")[0] not in PRESETS]
+  if unknown:
+    cli.fail(f"--presets: unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
+  a = types.SimpleNamespace(**fv.flag_values_dict(), overrides=overrides)
   if a.long:
     a.batch, a.seq = 1, 32768
+  if a.attn_impl is None and jax.default_backend() == "gpu":
+    a.attn_impl = "cudnn"
+  a.config.data.update(dict(seq_len=a.seq, global_batch_size=a.batch))
+  if a.loss_chunk is not None:
+    a.config.train.loss_chunk = a.loss_chunk
+  a.config.model.update(dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl))
+  return a
+
+
+def main(argv=None):
+  a = parse_args(argv)
   if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
     a.torch = run_torch(a.batch, a.seq, a.steps, os.path.dirname(os.path.abspath(a.json)),
                         a.torch_timeout, a.profile, a.torch_models, remat=a.remat != "none")
-  specs = a.presets.split(",")
-  if len(specs) > 1:
-    rows = run_each_in_process(a, specs)
+  if len(a.presets) > 1:
+    rows = run_each_in_process(a, a.presets)
   else:
     print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
-    rows = [run_one(a, specs[0])]
+    rows = [run_one(a, a.presets[0])]
   if a.torch and os.path.exists(a.torch):
     rows += torch_rows(a.torch, a.batch, a.seq)
   elif a.torch:
@@ -249,8 +312,8 @@ def main():
     json.dump(rows, f, indent=1)
   fla = next((r for r in rows if r["preset"].startswith("fla_gated_deltanet")), None)
   llama = next((r for r in rows if r["preset"].startswith("hf_llama")), None)
-  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.loss_chunk}; tokens/s as ratios of fla's "
-        "GatedDeltaNet's and HF Llama's from this call\n"
+  print(f"\nB={a.batch} T={a.seq} {a.dtype}, loss_chunk {a.config.train.loss_chunk}; tokens/s as "
+        "ratios of fla's GatedDeltaNet's and HF Llama's from this call\n"
         "| model | params | tokens/s | vs fla GDN | vs HF Llama | MFU (6N) | peak GiB | step ms | "
         "first step s (init + lower + compile + run) |")
   print("|---|---|---|---|---|---|---|---|---|")
@@ -271,12 +334,13 @@ def run_one(a, spec: str) -> dict:
   # segments of T / on the automatic count (pallas_kernels.common.segments)
   model, _, seg = spec.partition("@")
   preset, _, ratio = model.partition(":")
-  overrides = dict(dtype=a.dtype, remat=a.remat, attn_impl=a.attn_impl,
-                   **({"attn_ratio": ratio} if ratio else {}), **parse_set(a.set))
+  config = a.config.copy_and_resolve_references()
+  config.model.preset = preset
+  if ratio:
+    config.model.attn_ratio = ratio
   stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg")
   with segments.segment_parallel(seg if seg in ("", "auto") else int(seg)) if seg else nullcontext():
-    row, table = run(preset, a.batch, a.seq, a.steps, overrides, a.loss_chunk, a.profile,
-                     stem + ".hlo.txt" if a.hlo else None)
+    row, table = run(config, a.steps, a.profile, stem + ".hlo.txt" if a.hlo else None)
   if table:
     with open(stem + ".profile.md", "w") as f:
       f.write(f"# {spec}: B={a.batch} T={a.seq}, {a.profile} steps\n\n{table}\n")
@@ -288,17 +352,6 @@ def ratio_text(r: dict, reference: dict | None) -> str:
   if reference is None or "tokens_per_s" not in reference or "tokens_per_s" not in r:
     return "-"
   return f"{r['tokens_per_s'] / reference['tokens_per_s']:.2f}x"
-
-
-def parse_set(text: str) -> dict:
-  out = {}
-  for item in filter(None, text.split(",")):
-    key, _, value = item.partition("=")
-    try:
-      out[key] = json.loads(value)
-    except ValueError:
-      out[key] = value
-  return out
 
 
 def split_text(r: dict) -> str:

@@ -23,12 +23,12 @@ figure is written to OUT/ops.json as soon as it is measured (what was measured s
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
 import time
 import traceback
+import types
 
 import jax
 import jax.numpy as jnp
@@ -75,10 +75,10 @@ def make_inputs(B, T, H, K, V, dtype, seed=0):
   return {n: jnp.asarray(x) for n, x in d.items()}
 
 
-def backends_to_time(spec: str) -> list[str]:
-  """`--backends`: "auto" -> the platform's Pallas backend (where it has one), then xla."""
-  if spec != "auto":
-    return [b for b in spec.split(",") if b]
+def backends_to_time(spec: list[str]) -> list[str]:
+  """`--backends`: ["auto"] -> the platform's Pallas backend (where it has one), then xla."""
+  if spec != ["auto"]:
+    return spec
   platform = dispatch.platform()
   return [platform, "xla"] if platform in dispatch.PALLAS_BACKENDS else ["xla"]
 
@@ -211,55 +211,98 @@ def load_fla(d) -> dict:
   return json.load(open(path)).get("ops", {}) if d and os.path.exists(path) else {}
 
 
+def define_flags(fv, argv) -> None:
+  """The flags; defaults that depend on the device (shapes, H K V, calls, reps) are None here and
+  resolved once jax has picked its platform (`device_defaults`)."""
+  from absl import flags
+  del argv
+  flags.DEFINE_list("ops", list(dispatch.FAMILIES),
+                    "op families (pallas_kernels.common.dispatch.FAMILIES); \"\": none", flag_values=fv)
+  flags.DEFINE_list("backends", ["auto"],
+                    f"auto, or a list of {', '.join((*dispatch.IMPLEMENTATIONS, 'reference'))}",
+                    flag_values=fv)
+  flags.DEFINE_list("shapes", None, "BxT of the op rows (default: 2x1024 on CPU, 4x4096,8x8192 on "
+                    "an accelerator)", flag_values=fv)
+  flags.DEFINE_list("hkv", None, "H,K,V (default: 4,64,64 on CPU, 16,128,128 on an accelerator)",
+                    flag_values=fv)
+  flags.DEFINE_string("dtype", "bfloat16", "of q, k, v (gates are float32)", flag_values=fv)
+  flags.DEFINE_integer("calls", None, "back-to-back calls a timing (default: 1 on CPU, 10 on an "
+                       "accelerator)", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("reps", None, "timings a median (default: 3 on CPU, 7 on an accelerator)",
+                       lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("fla", None, "a folder with fla_ops.json (benchmarks/fla_ops.py)",
+                      flag_values=fv)
+  flags.DEFINE_string("out", os.environ.get("OUT"), "write OUT/ops.json (and traces) there "
+                      "(default: env OUT, else nowhere)", flag_values=fv)
+  flags.DEFINE_bool("profile", False, "GDN stage times at the first shape", flag_values=fv)
+  flags.DEFINE_bool("trace", False, "per-kernel device times of every op's fwd+bwd at the first "
+                    "shape (jax.profiler)", flag_values=fv)
+  flags.DEFINE_bool("variants", False, "GDN tile variants (env VARIANTS)", flag_values=fv)
+  flags.DEFINE_bool("scaling", False, "the gated delta rule at each T of --lengths",
+                    flag_values=fv)
+  flags.DEFINE_list("lengths", ["2048", "8192", "32768"],
+                    "T values of --scaling (65,536 tokens a step)", flag_values=fv)
+  flags.DEFINE_bool("interpret", False, "run the Pallas paths interpreted", flag_values=fv)
+  flags.DEFINE_list("segments", ["1"], "segment counts to time each op row at, e.g. 1,auto,4,16 "
+                    "(pallas_kernels.common.segments: 1 is the op whole)", flag_values=fv)
+  flags.DEFINE_bool("report", False, "only print the tables of OUT/ops.json (default OUT: the "
+                    "--fla folder), fla's beside", flag_values=fv)
+
+
+def _integers(name: str, values: list[str], count: int | None = None) -> list[int]:
+  """`--name`'s comma list as integers (`count` of them when given); else a one-line error."""
+  from lineax_lm import cli
+  try:
+    numbers = [int(v) for v in values]
+  except ValueError:
+    cli.fail(f"--{name}: {','.join(values)!r} is not a comma list of integers")
+  if count is not None and len(numbers) != count:
+    cli.fail(f"--{name}: {','.join(values)!r}: give {count} integers")
+  return numbers
+
+
 def parse_args(argv=None):
-  on_cpu = jax.default_backend() == "cpu"
-  p = argparse.ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--ops", default=",".join(dispatch.FAMILIES),
-                 help="op families (pallas_kernels.common.dispatch.FAMILIES); \"\": none")
-  p.add_argument("--backends", default="auto",
-                 help=f"auto, or a list of {', '.join((*dispatch.IMPLEMENTATIONS, 'reference'))}")
-  p.add_argument("--shapes", default="2x1024" if on_cpu else "4x4096,8x8192",
-                 help="BxT of the op rows")
-  p.add_argument("--hkv", default="4,64,64" if on_cpu else "16,128,128", help="H,K,V")
-  p.add_argument("--dtype", default="bfloat16", help="of q, k, v (gates are float32)")
-  p.add_argument("--calls", type=int, default=1 if on_cpu else 10,
-                 help="back-to-back calls a timing")
-  p.add_argument("--reps", type=int, default=3 if on_cpu else 7, help="timings a median")
-  p.add_argument("--fla", default=None, help="a folder with fla_ops.json (benchmarks/fla_ops.py)")
-  p.add_argument("--out", default=os.environ.get("OUT"),
-                 help="write OUT/ops.json (and traces) there (default: env OUT, else nowhere)")
-  p.add_argument("--profile", action="store_true", help="GDN stage times at the first shape")
-  p.add_argument("--trace", action="store_true",
-                 help="per-kernel device times of every op's fwd+bwd at the first shape (jax.profiler)")
-  p.add_argument("--variants", action="store_true", help="GDN tile variants (env VARIANTS)")
-  p.add_argument("--scaling", action="store_true")
-  p.add_argument("--lengths", default="2048,8192,32768", help="T values of --scaling (65,536 tokens a step)")
-  p.add_argument("--interpret", action="store_true", help="run the Pallas paths interpreted")
-  p.add_argument("--segments", default="1", help="segment counts to time each op row at, e.g. "
-                 "1,auto,4,16 (pallas_kernels.common.segments: 1 is the op whole)")
-  p.add_argument("--report", action="store_true",
-                 help="only print the tables of OUT/ops.json (default OUT: the --fla folder), "
-                 "fla's beside")
-  a = p.parse_args(argv)
-  unknown = [o for o in a.ops.split(",") if o and o not in ARGUMENTS]
+  """The parsed flags with the device's defaults filled in and the shapes, H K V, lengths and
+  dtype read; a bad value exits with one line naming the flag."""
+  # The command line follows the distribution's convention (absl flags, one-line errors, as
+  # lineax_lm's commands); the kernels themselves import nothing but jax.
+  from lineax_lm import cli
+  a = cli.parse(define_flags, argv, "python -m pallas_kernels.bench", __doc__)
+  unknown = [o for o in a.ops if o not in ARGUMENTS]
   if unknown:
-    p.error(f"--ops: unknown op(s) {unknown}; choose from {list(ARGUMENTS)}")
+    cli.fail(f"--ops: unknown op(s) {unknown}; choose from {list(ARGUMENTS)}")
   known = ("auto", *dispatch.IMPLEMENTATIONS, "reference")
-  unknown = [b for b in a.backends.split(",") if b not in known]
+  unknown = [b for b in a.backends if b not in known]
   if unknown:
-    p.error(f"--backends: unknown backend(s) {unknown}; choose from {list(known)}")
+    cli.fail(f"--backends: unknown backend(s) {unknown}; choose from {list(known)}")
   if a.report and not (a.out or a.fla):
-    p.error("--report prints the tables of OUT/ops.json (default OUT: the --fla folder): "
-            "give --out")
-  return a
+    cli.fail("--report prints the tables of OUT/ops.json (default OUT: the --fla folder): "
+             "give --out")
+  bad = [s for s in a.segments if s != "auto" and not s.isdigit()]
+  if bad:
+    cli.fail(f"--segments: {bad} are neither counts nor 'auto'")
+  try:
+    dtype = jnp.dtype(a.dtype).name
+  except TypeError:
+    cli.fail(f"--dtype: {a.dtype!r} is not a dtype")
+  on_cpu = jax.default_backend() == "cpu"
+  shapes = a.shapes or (["2x1024"] if on_cpu else ["4x4096", "8x8192"])
+  bad = [s for s in shapes if not all(n.isdigit() for n in s.partition("x")[::2])]
+  if bad:
+    cli.fail(f"--shapes: {bad} are not BxT (e.g. 4x4096)")
+  return types.SimpleNamespace(**{
+      **a.flag_values_dict(), "dtype": dtype,
+      "shapes": [tuple(map(int, s.split("x"))) for s in shapes],
+      "hkv": _integers("hkv", a.hkv or (["4", "64", "64"] if on_cpu else ["16", "128", "128"]), 3),
+      "lengths": _integers("lengths", a.lengths), "calls": a.calls or (1 if on_cpu else 10),
+      "reps": a.reps or (3 if on_cpu else 7)})
 
 
 def main(argv=None):
   a = parse_args(argv)
-  H, K, V = map(int, a.hkv.split(","))
-  shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-  ops = [o for o in a.ops.split(",") if o]          # --ops "": only what the other flags ask for
+  H, K, V = a.hkv
+  shapes = a.shapes
+  ops = a.ops                                       # --ops "": only what the other flags ask for
   backends = backends_to_time(a.backends)
   timer = Timer(a.calls, a.reps, a.interpret)
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
@@ -293,7 +336,7 @@ def main(argv=None):
           res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}",
                                   error=f"no {backend} chunk_{name} (dispatch.support_table)"))
           continue
-        for seg in a.segments.split(","):
+        for seg in a.segments:
           with segments.segment_parallel(seg if seg == "auto" else int(seg)):  # traced inside
             r = run(f"{name}/{backend} {B}x{T} segments={seg}", timer.time_op, name, backend, inputs)
           res["rows"].append(dict(op=name, backend=backend, shape=f"{B}x{T}", segments=seg, **r))
@@ -312,7 +355,7 @@ def main(argv=None):
         res["variants"].append(dict(config=cfg._asdict(), **r))
         save()
     del inputs
-  for Tl in map(int, a.lengths.split(",")) if a.scaling else ():
+  for Tl in a.lengths if a.scaling else ():
     inp = make_inputs(65536 // Tl, Tl, H, K, V, jnp.dtype(a.dtype))
     for backend in sorted(backends, key=lambda b: b == "xla"):  # xla last: the slowest
       r = run(f"scaling T={Tl} {backend}", timer.time_op, "gated_delta_rule", backend, inp)
