@@ -140,18 +140,24 @@ def checkpoint_tokenizer(folder: str, pretrained):
   return pretrained.tokenizer
 
 
-def score_checkpoint(folder: str, size, data, out: str) -> tuple[dict, bool]:
-  """(the result of checkpoint `folder`, whether it was scored now): its
-  `<out>/cells/<name>/result.json` when that was made under the same fingerprint, else the folder
-  loaded, scored (`score_model`) and its result written."""
+def result_path(out: str, folder: str) -> str:
+  return os.path.join(out, "cells", os.path.basename(folder), "result.json")
+
+
+def held_result(folder: str, out: str, prints: dict) -> dict | None:
+  """Checkpoint `folder`'s result in `out` when it was made under `prints` (`fingerprints`)."""
+  path = result_path(out, folder)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    held = json.load(f)
+  return held if held.get("config_fingerprint") == prints["config_fingerprint"] else None
+
+
+def score_checkpoint(folder: str, size, data, out: str, prints: dict) -> dict:
+  """Loads checkpoint `folder`, scores it (`score_model`) and writes its
+  `<out>/cells/<name>/result.json`; returns the result."""
   import lineax_lm
-  path = os.path.join(out, "cells", os.path.basename(folder), "result.json")
-  prints = fingerprints(folder, size, data)
-  if os.path.exists(path):
-    with open(path) as f:
-      held = json.load(f)
-    if held.get("config_fingerprint") == prints["config_fingerprint"]:
-      return held, False
   start = time.time()
   pretrained = lineax_lm.load(folder)
   tokenizer = checkpoint_tokenizer(folder, pretrained)
@@ -159,9 +165,10 @@ def score_checkpoint(folder: str, size, data, out: str) -> tuple[dict, bool]:
   result.update(score_model(pretrained.model, tokenizer,
                             heldout_documents(data, size.ppl_documents), size, max_len=size.seq_len))
   result["seconds"] = round(time.time() - start, 1)
+  path = result_path(out, folder)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   report.write_json(path, result)
-  return result, True
+  return result
 
 
 def run_table(checkpoints: list[str], out: str, size_name: str = "small", corpus: str | None = None,
@@ -176,13 +183,19 @@ def run_table(checkpoints: list[str], out: str, size_name: str = "small", corpus
   if control:
     ensure_control(size, out, control)
   for i, folder in enumerate(checkpoints, 1):
-    print(f"[{i}/{len(checkpoints)}] {folder}: scoring", flush=True)
-    result, scored = score_checkpoint(folder, size, data, out)
+    step = f"[{i}/{len(checkpoints)}]"
+    prints = fingerprints(folder, size, data)
+    result = held_result(folder, out, prints)
+    if result is not None:
+      print(f"{step} {result['name']}: scored before, kept", flush=True)
+      continue
+    print(f"{step} {folder}: scoring", flush=True)
+    result = score_checkpoint(folder, size, data, out, prints)
     ruler = result.get("ruler_mean")
-    print(f"[{i}/{len(checkpoints)}] {result['name']}: {result['label']} {result['ratio']}, "
-          f"held-out bits per byte {result['heldout_bits_per_byte']:.3f}, RULER-style mean "
+    print(f"{step} {result['name']}: {result['label']} {result['ratio']}, held-out bits per byte "
+          f"{result['heldout_bits_per_byte']:.3f}, RULER-style mean "
           f"{'-' if ruler is None else f'{ruler:.3f}'}, MQAR mean {result['mqar_mean']:.3f} "
-          + (f"({result['seconds']} s)" if scored else "(scored before: kept)"), flush=True)
+          f"({result['seconds']} s)", flush=True)
   results = load_results(out)
   check_one_budget(results)
   return write_outputs(results, out)
