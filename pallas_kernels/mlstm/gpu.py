@@ -167,10 +167,11 @@ def _chunk_mlstm_bwd(st, res, cts):
   wa = max_weight(jnp.abs(den), floor)
   dd = dZ * wa * jnp.sign(den)
   dmn = -floor * below_cap * dZ * (1.0 - wa)
-  x = (bh + bl) + m0t
-  x_end, m_end = (jnp.repeat(_chunks(a)[..., -1], CHUNK, axis=-1) for a in (x, mt))
-  sq = st.scale * jnp.exp(x - mt)
-  dh, dnh, dC0, dn0 = dstate_pass(st, q, do, sq, jnp.exp(x_end - m_end), 1.0 / Z, dd, dCT, dnT,
+  # exp(x - m) and exp(x_{C-1} - m') with x = b + m0, the large terms differenced first (_chunk)
+  at_end = lambda a: jnp.repeat(_chunks(a)[..., -1], CHUNK, axis=-1)
+  sq = st.scale * jnp.exp(((m0t - mt) + bh) + bl)
+  decay = jnp.exp(((at_end(m0t) - at_end(mt)) + at_end(bh)) + at_end(bl))
+  dh, dnh, dC0, dn0 = dstate_pass(st, q, do, sq, decay, 1.0 / Z, dd, dCT, dnT,
                                   starts, ends)
   dq, dk, dv, di, db, dm0_rows = dchunk_pass(st, q, k, v, do, bh, bl, ig, m0t, 1.0 / Z, dd, dmn,
                                              h, nh, dh, dnh)
@@ -253,7 +254,7 @@ def _decode_kernel(cu_ref, q_ref, k_ref, v_ref, lf_ref, i_ref, C0_ref, n0_ref, m
     q, k, v = (r[t, :].astype(F32) for r in (q_ref, k_ref, v_ref))
     lf, ig = lf_ref[t], i_ref[t]
     m_new = jnp.maximum(lf + m, ig)
-    fa, ia = jnp.exp(lf + m - m_new), jnp.exp(ig - m_new)
+    fa, ia = jnp.exp((m - m_new) + lf), jnp.exp(ig - m_new)
     S = fa * S + (ia * k)[:, None] * v[None, :]
     n = fa * n + ia * k
     qs = q * scale

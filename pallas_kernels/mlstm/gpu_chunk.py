@@ -38,6 +38,7 @@ class _Chunk(NamedTuple):
   mrow: jnp.ndarray     # [C] max_s L_ts
   x: jnp.ndarray        # [C] b_t + m0
   m: jnp.ndarray        # [C] the stabilizer m_t
+  sx: jnp.ndarray       # [C] exp(x_t - m_t)
   E: jnp.ndarray        # [C, C] exp(L - m_t)
   w: jnp.ndarray        # [C] exp(L_{C-1,s} - m')
   m_end: jnp.ndarray    # () m' = m_{C-1}
@@ -60,10 +61,15 @@ def _chunk(bh, bl, ig, m0) -> _Chunk:
   mrow = jnp.max(L, axis=1)
   x = (bh + bl) + m0
   m = jnp.maximum(x, mrow)
-  E = jnp.exp(L - m[:, None])
   m_end = _last(m)
-  return _Chunk(causal, L, mrow, x, m, E, jnp.exp(_last(L) - m_end), m_end,
-                jnp.exp(_last(x) - m_end))
+  # Each exponent differences the large terms first (m, i and m0 reach 1e4 at extreme input gates,
+  # where float32 keeps ~1e-3) and adds the small log-forget sums after: exp(L - m) and exp(x - m)
+  # as written would round those sums away.
+  E = jnp.where(causal, jnp.exp((ig[None, :] - m[:, None]) + D), 0.0)
+  w = jnp.exp((ig - m_end) + _last(D))
+  sx = jnp.exp(((m0 - m) + bh) + bl)
+  decay = _last(jnp.exp(((m0 - m_end) + bh) + bl))
+  return _Chunk(causal, L, mrow, x, m, sx, E, w, m_end, decay)
 
 
 # --- forward state pass with the output ----------------------------------------------------------
@@ -93,7 +99,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bh_ref, bl_ref, i_ref, C0_ref, n0_ref, 
     q, k, v = q_ref[sl, :], k_ref[sl, :], v_ref[sl, :]
     ch = _chunk(bh_ref[sl], bl_ref[sl], i_ref[sl], m)
     P = dot_nt(q, k, prec) * (ch.E * scale)
-    qt = q.astype(F32) * (scale * jnp.exp(ch.x - ch.m))[:, None]
+    qt = q.astype(F32) * (scale * ch.sx)[:, None]
     num = dot(qt.astype(dt), S.astype(dt), prec) + dot(P.astype(dt), v, prec)
     den = jnp.sum(qt * n[None, :], axis=1) + jnp.sum(P, axis=1)
     Z = jnp.maximum(jnp.abs(den), reference.normalizer_floor(ch.m)) + EPS
@@ -303,7 +309,7 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, bh_ref, bl_ref, i_ref, m0t_ref, 
     hdh += jnp.sum(h.astype(F32) * dh.astype(F32))
     dv_ref[:, vs] = (dot_tn(P_c, dnum, prec) + dot(kw_c, dh, prec)).astype(dv_ref.dtype)
   n0, dn = n0_ref[...], dn_ref[...]
-  sq = scale * jnp.exp(ch.x - ch.m)
+  sq = scale * ch.sx
   qt = q.astype(F32) * sq[:, None]
   dqt += dd[:, None] * n0[None, :]
   dP = jnp.where(ch.causal, dP + dd[:, None], 0.0)

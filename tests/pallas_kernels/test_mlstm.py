@@ -42,7 +42,8 @@ def _stabilizer_free_loss(o, state, cotangents, m_ref, exp):
           + (m * dm).sum())
 
 
-@pytest.mark.parametrize("backend", ["reference", "xla", pytest.param("tpu", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["reference", "xla", pytest.param("tpu", marks=pytest.mark.slow),
+                                     pytest.param("gpu", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("i_shift", [1e4, -1e4])
 def test_input_gates_of_1e4_match_float64(i_shift, backend):
   """Input gates i ~ +-1e4 (so m ~ 1e4 where they dominate): outputs, final states and every
@@ -57,7 +58,7 @@ def test_input_gates_of_1e4_match_float64(i_shift, backend):
   h0 = mlstm_state(rng, B, H, K, V)
   cts = (harness.normal(rng, B, T, H, V), mlstm_state(rng, B, H, K, V))
   names = list(x)
-  interpret = dict(interpret=True) if backend == "tpu" else {}
+  interpret = dict(interpret=True) if backend in ("tpu", "gpu") else {}
 
   def loss(x, h0):
     o, S = chunk_mlstm(*(x[n] for n in names), scale=scale, initial_state=h0, output_final_state=True,
