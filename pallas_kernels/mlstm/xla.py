@@ -23,12 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.common import varlen
-from pallas_kernels.common.chunk import (F32, causal_mask, chunk_local_cumsum, from_chunks, mm,
-                                         segment_sums, suffix_sum, to_chunks)
+from pallas_kernels.common.chunk import (CHUNK, F32, causal_mask, chunk_local_cumsum, from_chunks,
+                                         mm, segment_sums, suffix_sum, to_chunks)
 from pallas_kernels.common.scan import scan_with_resets
 from pallas_kernels.mlstm.reference import EPS, fused_recurrent_mlstm, normalizer_floor  # noqa: F401
 
-CHUNK = 64
 NO_INPUT = -1e30  # input-gate value of padding tokens: exp(i - m) == 0, finite so no NaN in gradients
 
 
@@ -41,15 +40,9 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
   dt, C = q.dtype, chunk_size
   i, logf = i.astype(F32), jax.nn.log_sigmoid(f.astype(F32))
 
-  layout = None
-  if cu_seqlens is not None:
-    layout = varlen.chunk_layout(cu_seqlens, T, C)
-    q, k, v, logf = (varlen.pack(x, layout) for x in (q, k, v, logf))
-    i = varlen.pack(i, layout, NO_INPUT)
-  elif T % C:
-    pad = lambda x, val=0.0: jnp.pad(x, [(0, 0), (0, -T % C)] + [(0, 0)] * (x.ndim - 2),
-                                     constant_values=val)
-    q, k, v, logf, i = pad(q), pad(k), pad(v), pad(logf), pad(i, NO_INPUT)
+  plan = varlen.chunk_plan(T, C, cu_seqlens)
+  q, k, v, logf = (varlen.to_chunked(x, plan) for x in (q, k, v, logf))
+  i = varlen.to_chunked(i, plan, NO_INPUT)
   q, k, v, i, logf = (to_chunks(x, C) for x in (q, k, v, i, logf))   # [B, H, N, C, .]
 
   b = chunk_local_cumsum(logf)                                       # [B, H, N, C]
@@ -69,9 +62,8 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
     return nxt, state
 
   chunk_major = lambda x: jnp.moveaxis(x, 2, 0)
-  segments = None if layout is None else layout.segments
   state, starts = scan_with_resets(step, tuple(initial_state), tuple(map(chunk_major, (g, m_loc, C_loc, n_loc))),
-                                   segments)
+                                   plan.segments)
   C0, n0, m0 = (jnp.moveaxis(s, 0, 2) for s in starts)               # [B, H, N, ...]
 
   mask = causal_mask(C)
@@ -83,6 +75,5 @@ def chunk_mlstm(q, k, v, i, f, *, scale, initial_state, cu_seqlens=None, chunk_s
   num = mm("bhnck,bhnkv->bhncv", q_dec, C0, dt) + mm("bhnij,bhnjv->bhniv", P, v, dt)
   den = mm("bhnck,bhnk->bhnc", q_dec, n0, F32) + jnp.sum(P, axis=-1)
   o = num / (jnp.maximum(jnp.abs(den), normalizer_floor(m_t)) + EPS)[..., None]
-  o = from_chunks(o.astype(dt))
-  o = o[:, :T] if layout is None else varlen.unpack(o, layout)
+  o = varlen.from_chunked(from_chunks(o.astype(dt)), plan)
   return o, state
