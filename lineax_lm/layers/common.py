@@ -121,6 +121,23 @@ class RMSNorm(nnx.Module):
         x, self.weight[...])
 
 
+class LayerNorm(nnx.Module):
+  """(x - mean(x)) / std(x) * weight + bias over the last axis, computed in float32 (torch's and
+  fla's LayerNorm with a bias)."""
+
+  def __init__(self, dim: int, eps: float, spec: LayerSpec, rngs):
+    self.eps = eps
+    self.weight = param(rngs, nnx.initializers.ones, (dim,), ("norm",), spec.param_dtype)
+    self.bias = param(rngs, nnx.initializers.zeros, (dim,), ("norm",), spec.param_dtype)
+
+  def __call__(self, x):
+    def norm(x, w, b):
+      x32 = x.astype(F32)
+      y = _rms(x32 - jnp.mean(x32, axis=-1, keepdims=True), self.eps)
+      return (y * w.astype(F32) + b.astype(F32)).astype(x.dtype)
+    return recomputed(norm)(x, self.weight[...], self.bias[...])
+
+
 class GatedRMSNorm(nnx.Module):
   """fla's FusedRMSNormGated: rmsnorm(o) * weight * act(g) per head; o, g: [..., H, V]."""
 

@@ -12,8 +12,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from lineax_lm.layers import LayerSpec, mixer_config
+from lineax_lm.layers import LayerSpec, mixer_config, mlp_width
 from lineax_lm.layers.common import INIT_STD
+from lineax_lm.layers.channel_mix import channel_mix_width
 from lineax_lm.models.placement import attention_layers
 
 REMAT_POLICIES = {
@@ -25,6 +26,15 @@ REMAT_POLICIES = {
 
 
 RESIDUAL_INITS = ("normal", "rescale")
+# What surrounds each mixer in a block (attention layers included):
+BLOCKS = {
+    # x + mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)): fla's blocks for every model type but
+    # RWKV-6, and Llama's
+    "swiglu": "RMSNorm + SwiGLU",
+    # x + mixer(LayerNorm(x)), then x + RWKV6ChannelMix(LayerNorm(x)), LayerNorms with biases and
+    # one more LayerNorm on the embeddings: fla's RWKV6Block (norm_first, norm_bias)
+    "rwkv6": "LayerNorm + RWKV-6 channel mix",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +45,10 @@ class ModelConfig:
   heads: int = 16                          # attention heads
   kv_heads: int | None = None              # attention key/value heads (GQA); None = heads
   head_dim: int | None = None              # attention head dim; None = hidden // heads
-  mlp_hidden: int | None = None            # None: fla's rule, 8/3 hidden rounded up to 256
+  # None: fla's rule, 8/3 hidden rounded up to 256 (block "rwkv6": 3.5 hidden rounded up to 32)
+  mlp_hidden: int | None = None
   linear_mlp_hidden: int | None = None     # MLP width of the linear-mixer blocks (default mlp_hidden)
+  block: str = "swiglu"                    # BLOCKS: the norms and feed-forward around each mixer
   mixer: str = "gated_deltanet"            # the linear mixer (lineax_lm.layers.MIXERS)
   mixer_cfg: Any = ()                      # overrides of the mixer's config (dict or item pairs)
   attn_ratio: str = "pure"                 # "pure" | "transformer" | "attention" | "r:1"
@@ -67,6 +79,8 @@ class ModelConfig:
       object.__setattr__(self, "attn_layers", tuple(int(i) for i in self.attn_layers))
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"`remat` must be one of {sorted(REMAT_POLICIES)}; got {self.remat!r}")
+    if self.block not in BLOCKS:
+      raise ValueError(f"`block` must be one of {sorted(BLOCKS)}; got {self.block!r}")
     if self.residual_init not in RESIDUAL_INITS:
       raise ValueError(f"`residual_init` must be one of {RESIDUAL_INITS}; got {self.residual_init!r}")
     # The command line's range table (it imports this module: imported here, not at the top).
@@ -80,6 +94,13 @@ class ModelConfig:
   @property
   def attention_indices(self) -> tuple:
     return attention_layers(self.num_layers, self.attn_ratio, self.attn_layers)
+
+  def mlp_width(self, attention: bool) -> int:
+    """The feed-forward width of an attention block (`attention`) or of a linear-mixer block."""
+    width = None if attention else self.linear_mlp_hidden
+    if width or self.mlp_hidden:
+      return width or self.mlp_hidden
+    return channel_mix_width(self.hidden) if self.block == "rwkv6" else mlp_width(self.hidden)
 
   def layer_spec(self) -> LayerSpec:
     # Nothing layer-specific: blocks of one kind are then identical up to their parameters, so

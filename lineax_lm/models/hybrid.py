@@ -5,6 +5,9 @@ attention, placed by a ratio.
     for each layer:  x = x + mixer(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
     logits = head(RMSNorm(x))                          (float32; head tied to the embedding or not)
 
+`block="rwkv6"` makes the blocks fla's RWKV-6 blocks: LayerNorms (with biases) for the RMSNorms,
+RWKV-6 channel mixing for SwiGLU, and x = LayerNorm(embed(tokens)) first.
+
 `attn_ratio` "r:1" = r linear layers then one attention layer, repeated (24 layers at "3:1": attention
 at 3, 7, ..., 23); "pure" = no attention; "transformer" / "attention" = every layer attention (then
 the model is exactly a Llama); `attn_layers` (explicit indices) overrides the ratio.
@@ -26,8 +29,9 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from lineax_lm.layers import Context, Packing, RMSNorm, SwiGLU, build_mixer, mlp_width
-from lineax_lm.layers.common import cu_seqlens_from_starts, param, recomputed_between_dots
+from lineax_lm.layers import Context, Packing, RMSNorm, SwiGLU, build_mixer
+from lineax_lm.layers.channel_mix import RWKV6ChannelMix
+from lineax_lm.layers.common import LayerNorm, cu_seqlens_from_starts, param, recomputed_between_dots
 from lineax_lm.models import generate as generation
 from lineax_lm.models.compile import call_shared, scan_blocks
 from lineax_lm.models.config import ModelConfig
@@ -59,31 +63,60 @@ def make_packing(segment_ids, max_segments: int):
   return Packing(cu_seqlens, reset_ids), positions, jnp.any(jnp.sum(starts, axis=1) > n)
 
 
+def make_norm(config: ModelConfig, spec, rngs):
+  """The block kind's norm: RMSNorm, or LayerNorm with a bias for RWKV-6 blocks."""
+  norm = LayerNorm if config.block == "rwkv6" else RMSNorm
+  return norm(config.hidden, config.norm_eps, spec, rngs)
+
+
 class Block(nnx.Module):
-  """Pre-norm block: x + mixer(attn_norm(x)), then + mlp(mlp_norm(x))."""
+  """Pre-norm block: x + mixer(attn_norm(x)), then + mlp(mlp_norm(x)) (config.block: SwiGLU, or
+  RWKV-6 channel mixing, whose token shift has a decode state: the block's cache is then
+  {"mixer": the mixer's cache, "mlp": [B, 1, D]}; otherwise the mixer's cache)."""
 
   def __init__(self, config: ModelConfig, layer_idx: int, rngs: nnx.Rngs):
-    spec = config.layer_spec()
+    self.spec = spec = config.layer_spec()
     self.is_attention = layer_idx in config.attention_indices
     name, mcfg = (("attention", config.attention_config()) if self.is_attention
                   else (config.mixer, config.linear_mixer_config()))
-    self.attn_norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
+    self.attn_norm = make_norm(config, spec, rngs)
     self.mixer = build_mixer(name, mcfg, spec, rngs)
-    self.mlp_norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
-    width = None if self.is_attention else config.linear_mlp_hidden
-    width = width or config.mlp_hidden or mlp_width(config.hidden)
-    self.mlp = SwiGLU(config.hidden, width, spec, rngs)
+    self.mlp_norm = make_norm(config, spec, rngs)
+    width = config.mlp_width(self.is_attention)
+    self.channel_mix = config.block == "rwkv6"
+    self.mlp = (RWKV6ChannelMix if self.channel_mix else SwiGLU)(config.hidden, width, spec, rngs)
 
   def __call__(self, x, cache, ctx: Context, lower_bound=None):
     kw = {"lower_bound": lower_bound} if getattr(self.mixer, "uses_lower_bound", False) else {}
-    h, cache = self.mixer(self.attn_norm(x), cache, ctx, **kw)
+    mixer_cache = cache["mixer"] if self.channel_mix and cache is not None else cache
+    h, mixer_cache = self.mixer(self.attn_norm(x), mixer_cache, ctx, **kw)
     x = x + h
-    # The normalised input of the MLP's projections is recomputed in the backward from x, which is
-    # kept anyway (the norm's own backward needs it): one [B, L, D] activation less per layer.
-    return x + recomputed_between_dots(self._mlp)(x), cache
+    if not self.channel_mix:
+      # The normalised input of the MLP's projections is recomputed in the backward from x, which
+      # is kept anyway (the norm's own backward needs it): one [B, L, D] activation less per layer.
+      return x + recomputed_between_dots(self._mlp)(x), mixer_cache
+    shift = None if cache is None else cache["mlp"]
+    reset_ids = None if ctx.packing is None else ctx.packing.reset_ids
+    y, shift = recomputed_between_dots(self._channel_mix)(x, shift, reset_ids)
+    return x + y, None if cache is None else {"mixer": mixer_cache, "mlp": shift}
 
   def _mlp(self, x):
     return self.mlp(self.mlp_norm(x))
+
+  def _channel_mix(self, x, shift, reset_ids):
+    return self.mlp(self.mlp_norm(x), shift, reset_ids)
+
+  def init_cache(self, batch: int, max_len: int, dtype=None):
+    cache = self.mixer.init_cache(batch, max_len, dtype)
+    if not self.channel_mix:
+      return cache
+    return {"mixer": cache, "mlp": jnp.zeros((batch, 1, self.spec.hidden), dtype or self.spec.dtype)}
+
+  def cache_bytes(self, context_len: int, dtype=None) -> int:
+    out = self.mixer.cache_bytes(context_len, dtype)
+    if self.channel_mix:  # the channel mixing's shift state: one input
+      out += self.spec.hidden * jnp.dtype(dtype or self.spec.dtype).itemsize
+    return out
 
 
 # Module-level layer functions for call_shared and scan_blocks (their identity is the trace key).
@@ -105,8 +138,11 @@ class HybridLM(nnx.Module):
     self.embed = nnx.Embed(
         config.vocab_size, config.hidden, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=rngs,
         embedding_init=nnx.with_partitioning(normal, ("vocab", "embed"), eager_sharding=False))
+    # RWKV-6 blocks: fla's LayerNorm before layer 0 (its `pre_norm`), which normalises the
+    # residual stream itself
+    self.embed_norm = make_norm(config, spec, rngs) if config.block == "rwkv6" else None
     self.blocks = nnx.List([block(config, i, rngs) for i in range(config.num_layers)])
-    self.norm = RMSNorm(config.hidden, config.norm_eps, spec, rngs)
+    self.norm = make_norm(config, spec, rngs)
     self.lm_head = None if config.tie_embeddings else param(
         rngs, normal, (config.hidden, config.vocab_size), ("embed", "vocab"), spec.param_dtype)
     widths = {b.mixer.forget_dim for b in self.blocks if getattr(b.mixer, "uses_lower_bound", False)}
@@ -136,14 +172,14 @@ class HybridLM(nnx.Module):
     """Zero cache for `batch` sequences of up to `max_len` tokens: {"pos": int32 scalar,
     "layers": [one cache per layer]} (linear layers: recurrent + conv states; attention: KV)."""
     return {"pos": jnp.zeros((), jnp.int32),
-            "layers": [b.mixer.init_cache(batch, max_len, dtype) for b in self.blocks]}
+            "layers": [b.init_cache(batch, max_len, dtype) for b in self.blocks]}
 
   def cache_bytes(self, context_len: int, dtype=None) -> dict:
     """Bytes one sequence's cache needs at `context_len` tokens, per layer kind, computed from the
     layer dimensions (not from a cache)."""
     out = {"attention": 0, "linear": 0}
     for b in self.blocks:
-      out["attention" if b.is_attention else "linear"] += b.mixer.cache_bytes(context_len, dtype)
+      out["attention" if b.is_attention else "linear"] += b.cache_bytes(context_len, dtype)
     out["total"] = out["attention"] + out["linear"]
     return out
 
@@ -197,6 +233,8 @@ class HybridLM(nnx.Module):
 
     remat = config.remat if config.remat != "none" and cache is None else None
     x = self.embed(inputs)
+    if self.embed_norm is not None:
+      x = self.embed_norm(x)
     layer_caches = []
     period = self._scan_period() if cache is None else None
     if period is not None:

@@ -151,7 +151,7 @@ def _component(path: tuple) -> str:
     return "embedding"
   if head == "lm_head":
     return "head"
-  if head == "norm":
+  if head in ("norm", "embed_norm"):
     return "norms"
   if head == "lower_bounds":
     return "mixers"
