@@ -1,5 +1,5 @@
 """Prefill (chunk ops) + token-by-token decode (fused_recurrent ops) reproduces the full-sequence
-logits for every mixer and for a 3:1 hybrid."""
+logits for every mixer, for a 3:1 hybrid and for RWKV-6 blocks."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -50,6 +50,12 @@ def test_decode_matches_full_forward_hybrid_3to1():
   config = tiny_config("gated_deltanet", num_layers=4, attn_ratio="3:1", window=8)
   assert config.attention_indices == (3,)
   decode_matches_full(config)
+
+
+def test_decode_matches_full_forward_rwkv6_blocks_3to1():
+  """fla's RWKV-6 blocks: the channel mixing's token shift is carried in the cache too, around the
+  attention layer as around the RWKV-6 layers."""
+  decode_matches_full(tiny_config("rwkv6", block="rwkv6", num_layers=4, attn_ratio="3:1"))
 
 
 def test_decode_matches_full_forward_attention_with_short_convolutions():

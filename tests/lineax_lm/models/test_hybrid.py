@@ -48,9 +48,10 @@ def test_make_packing():
                                                      for m in ("rwkv6", "retention", "hgrn")])
 def test_packed_equals_unpacked(mixer):
   """Two rows of two sequences each: packed logits == each sequence run alone (jit, static bound).
-  gated_deltanet runs as a 3:1 hybrid (attention masks); rwkv6 has a token shift, retention RoPE,
-  hgrn the elementwise op."""
-  kw = dict(num_layers=4, attn_ratio="3:1") if mixer == "gated_deltanet" else {}
+  gated_deltanet runs as a 3:1 hybrid (attention masks); rwkv6 has token shifts (in RWKV-6 blocks,
+  the channel mixing's too), retention RoPE, hgrn the elementwise op."""
+  kw = {"gated_deltanet": dict(num_layers=4, attn_ratio="3:1"), "rwkv6": dict(block="rwkv6")}
+  kw = kw.get(mixer, {})
   model = HybridLM(tiny_config(mixer, **kw), nnx.Rngs(0))
   x = jnp.asarray(tokens((2, 24), seed=3))
   seg = jnp.asarray([[0] * 9 + [1] * 15, [4] * 15 + [2] * 9])
