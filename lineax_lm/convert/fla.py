@@ -20,13 +20,13 @@ any config option whose value lineax_lm does not compute as fla does (an fla opt
 know at all included): a checkpoint loads as fla runs it or not at all. Writing stops on any
 lineax_lm option that fla's model of that type cannot express.
 
-fla's rwkv6 model is not read: its blocks are LayerNorm blocks (with biases, and one more LayerNorm
-before layer 0) with RWKV-6's channel-mixing feed-forward (token-shifted, squared ReLU, sigmoid
-receptance), which HybridLM (RMSNorm + SwiGLU blocks) does not have. Its time mixing is lineax_lm's
-RWKV6 mixer tensor for tensor: `attn.x_proj.0.{mu, linear.weight}` are `x_mu` and `x_down`,
-`attn.x_proj.2.weight` [D, 5 R], viewed [D, 5, R], is `x_up` [5, R, D] transposed,
-`attn.{r,k,v,g}_proj.linear.weight` and `attn.w_proj.linear.lora.{0,2}.*` are the projections,
-and `x_bias`, `bonus`, `g_norm` and `o_proj` keep their names.
+fla's rwkv6 model is HybridLM with block="rwkv6" (LayerNorms with biases, RWKV-6 channel mixing):
+`model.layers.0.pre_norm` is `embed_norm`, `ffn_norm` and `ffn` are `mlp_norm` and `mlp`
+(`ffn.{key,receptance}.{mu,linear.weight}`, `ffn.value.weight`). Its time mixing is the RWKV6
+mixer tensor for tensor: `attn.x_proj.0.{mu, linear.weight}` are `x_mu` and `x_down`,
+`attn.x_proj.2.weight` [D, 5 R] is `x_up` [5, R, D] viewed [5 R, D] and transposed,
+`attn.{r,k,v,g}_proj.linear.weight` and `attn.w_proj.linear.lora.{0,2}.*` are `{r,k,v,g}_proj`
+and `w_proj.layers.{0,2}`, and `x_bias`, `bonus`, `g_norm` and `o_proj` keep their names.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from flax import nnx, traverse_util
 
 from lineax_lm import storage
 from lineax_lm.layers import mlp_width
+from lineax_lm.layers.channel_mix import channel_mix_width
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -81,6 +82,7 @@ class FlaType:
     differently.
   output_norm: the name of the mixer's output norm in fla's layer, given its config fields.
   defaults: fla 0.6.0's defaults of the shared fields where this type's differ from DEFAULTS.
+  block: the ModelConfig block kind of fla's blocks of this type.
   """
   mixer: str | None
   architecture: str
@@ -91,6 +93,7 @@ class FlaType:
   aliases: dict = dataclasses.field(default_factory=dict)
   output_norm: Callable[[dict], str] = lambda fields: "o_norm"
   defaults: dict = dataclasses.field(default_factory=dict)
+  block: str = "swiglu"
 
 
 def _gated_norm_name(fields: dict) -> str:
@@ -177,6 +180,18 @@ FLA_TYPES = {
                     norm_q=_equal(False), norm_k=_equal(False), norm_feature_map=_equal(False),
                     **_AFFINE),
         output_norm=lambda fields: "norm"),
+    "rwkv6": FlaType(
+        "rwkv6", "RWKV6ForCausalLM",
+        options=(("num_heads", "num_heads", 4), ("expand_k", "expand_k", 0.5),
+                 ("expand_v", "expand_v", 1.0), ("proj_low_rank_dim", "proj_low_rank_dim", 32),
+                 ("gate_low_rank_dim", "gate_low_rank_dim", 64)),
+        fixed=dict(use_short_conv=False),
+        # norm_first=False (no LayerNorm before layer 0) and LayerNorms without biases are blocks
+        # HybridLM does not build
+        checks=dict(hidden_act=_equal("sqrelu"), norm_first=_equal(True), norm_bias=_equal(True)),
+        ignored=("fuse_norm",),  # fla's fused LayerNorm or torch's: the same function
+        output_norm=lambda fields: "g_norm", defaults=dict(norm_eps=1e-5, hidden_ratio=3.5),
+        block="rwkv6"),
     "transformer": FlaType(
         None, "TransformerForCausalLM",
         checks=dict(qkv_bias=_equal(False), qk_norm=_equal(False)),
@@ -184,13 +199,6 @@ FLA_TYPES = {
         defaults=dict(num_heads=32)),
 }
 FLA_MODEL_TYPES = tuple(FLA_TYPES)
-# fla model types whose model lineax_lm does not have, with the reason.
-UNSUPPORTED_TYPES = {
-    "rwkv6": "fla's RWKV-6 model has LayerNorm blocks and RWKV-6's channel-mixing feed-forward; "
-             "lineax_lm's HybridLM has RMSNorm + SwiGLU blocks (its RWKV6 mixer is the time mixing "
-             "alone)",
-}
-
 # fla 0.6.0's defaults of the fields every model type has (FlaType.defaults overrides).
 DEFAULTS = dict(hidden_size=2048, num_hidden_layers=24, vocab_size=32000, norm_eps=1e-6,
                 hidden_ratio=4, intermediate_size=None, tie_word_embeddings=False,
@@ -241,19 +249,20 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
   overrides: ModelConfig fields set besides (backend, dtype, param_dtype, ...)."""
   from lineax_lm.models.config import ModelConfig
   model_type = meta.get("model_type")
-  if model_type in UNSUPPORTED_TYPES:
-    raise ValueError(f"{file}: fla model_type {model_type!r} is not supported: "
-                     f"{UNSUPPORTED_TYPES[model_type]}")
   if model_type not in FLA_TYPES:
     raise ValueError(f"{file}: model_type {model_type!r} is not an fla model type lineax_lm reads "
                      f"({', '.join(FLA_MODEL_TYPES)})")
   fla_type = FLA_TYPES[model_type]
   f = _Fields(meta, fla_type, file)
   hidden, layers = f.shared("hidden_size"), f.shared("num_hidden_layers")
-  ratio = f.shared("hidden_ratio") or 4  # fla's GatedMLP: 4 when None
-  mlp = f.shared("intermediate_size") or mlp_width(hidden, ratio)
+  if fla_type.block == "rwkv6":  # fla's RWKV6FeedForward: 3.5 when None
+    width = lambda ratio: channel_mix_width(hidden, ratio or 3.5)
+  else:  # fla's GatedMLP: 4 when None
+    width = lambda ratio: mlp_width(hidden, ratio or 4)
+  ratio = f.shared("hidden_ratio")
+  mlp = f.shared("intermediate_size") or width(ratio)
   fields = dict(vocab_size=f.shared("vocab_size"), num_layers=layers, hidden=hidden,
-                mlp_hidden=mlp, norm_eps=f.shared("norm_eps"),
+                mlp_hidden=mlp, block=fla_type.block, norm_eps=f.shared("norm_eps"),
                 tie_embeddings=bool(f.shared("tie_word_embeddings")),
                 init_std=f.shared("initializer_range"))
   if fla_type.mixer is None:  # fla's transformer: every layer attention, configured at the top
@@ -342,14 +351,16 @@ def config_to_fla(config, tokenizer=None) -> tuple[dict, str]:
     raise ValueError(f"mixer {config.mixer!r} has no fla model type lineax_lm writes "
                      f"(mixers: {sorted(s.mixer for s in FLA_TYPES.values() if s.mixer)})")
   fla_type = FLA_TYPES[model_type]
-  mlp = config.mlp_hidden or mlp_width(config.hidden)
   meta = dict(model_type=model_type, architectures=[fla_type.architecture],
               hidden_size=config.hidden, num_hidden_layers=config.num_layers,
-              vocab_size=config.vocab_size, intermediate_size=mlp, hidden_ratio=4,
-              hidden_act="swish", norm_eps=config.norm_eps,
-              tie_word_embeddings=config.tie_embeddings, initializer_range=config.init_std,
-              fuse_norm=True, fuse_swiglu=True, fuse_cross_entropy=True,
+              vocab_size=config.vocab_size, intermediate_size=config.mlp_width(True),
+              hidden_ratio=fla_type.defaults.get("hidden_ratio", 4),
+              hidden_act={**SHARED_CHECKS, **fla_type.checks}["hidden_act"].default,
+              norm_eps=config.norm_eps, tie_word_embeddings=config.tie_embeddings,
+              initializer_range=config.init_std, fuse_norm=True, fuse_cross_entropy=True,
               max_position_embeddings=2048, use_cache=True)
+  if fla_type.block == "swiglu":
+    meta["fuse_swiglu"] = True
   attn = dict(num_heads=config.heads, num_kv_heads=config.kv_heads or config.heads,
               window_size=config.window, rope_theta=config.rope_theta)
   if fla_type.mixer is None:
@@ -379,9 +390,9 @@ def _structure(config) -> dict:
   def options(cfg):
     return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("backend", "attn_impl")}
   attention = config.attention_indices
-  mlp = config.mlp_hidden or mlp_width(config.hidden)
+  mlp = config.mlp_width(True)
   out = dict(vocab_size=config.vocab_size, num_layers=config.num_layers, hidden=config.hidden,
-             norm_eps=config.norm_eps, tie_embeddings=config.tie_embeddings,
+             norm_eps=config.norm_eps, tie_embeddings=config.tie_embeddings, block=config.block,
              attention_layers=attention, mlp_hidden=mlp)
   if attention:
     attn = options(config.attention_config())
@@ -392,23 +403,46 @@ def _structure(config) -> dict:
     out["mixer"] = config.mixer
     out.update({f"mixer option {k}": v
                 for k, v in options(config.linear_mixer_config()).items()})
-    out["linear_mlp_hidden"] = config.linear_mlp_hidden or mlp
+    out["linear_mlp_hidden"] = config.mlp_width(False)
   return out
 
 
 # ----------------------------------------------------------------------------------- tensors
-def fla_tensor_name(path: tuple, norm_name: str) -> tuple[str, str]:
-  """A lineax_lm parameter path -> (fla tensor name, layout): "linear" ([in, out] kernel <->
-  torch's [out, in]), "conv" ([W, C] <-> torch's depthwise Conv1d [C, 1, W]) or "same"."""
+# RWKV-6 time mixing: the start of a lineax_lm parameter path -> (fla's name for it, its layout
+# when that start fixes it); the rest of the path follows
+RWKV6_MIXER_NAMES = {
+    ("x_mu",): ("x_proj.0.mu", "same"),
+    ("x_down", "kernel"): ("x_proj.0.linear.weight", "linear"),
+    ("x_up",): ("x_proj.2.weight", "stacked_linear"),
+    ("w_proj", "layers", 0): ("w_proj.linear.lora.0", None),
+    ("w_proj", "layers", 2): ("w_proj.linear.lora.2", None),
+    **{(f"{p}_proj",): (f"{p}_proj.linear", None) for p in "rkvg"},
+}
+RWKV6_MIXES = 5  # r, w, k, v, g: the leading axis of x_up
+
+
+def fla_tensor_name(path: tuple, norm_name: str, config) -> tuple[str, str]:
+  """A lineax_lm parameter path of a model of `config` -> (fla tensor name, layout): "linear"
+  ([in, out] kernel <-> torch's [out, in]), "conv" ([W, C] <-> torch's depthwise Conv1d
+  [C, 1, W]), "stacked_linear" (RWKV-6's x_up [5, R, D] <-> torch's [D, 5 R]) or "same"."""
   top = {("embed", "embedding"): ("model.embeddings.weight", "same"),
-         ("norm", "weight"): ("model.norm.weight", "same"),
          ("lm_head",): ("lm_head.weight", "linear"),
          ("lower_bounds",): ("model.lower_bounds", "same")}
   if path in top:
     return top[path]
+  if path[0] in ("norm", "embed_norm"):  # fla's LayerNorm before layer 0 belongs to layer 0
+    return f"model.{'norm' if path[0] == 'norm' else 'layers.0.pre_norm'}.{path[1]}", "same"
   _, layer, part, *rest = path
-  names = [f"model.layers.{layer}", "attn" if part == "mixer" else part]
+  rwkv6 = config.block == "rwkv6"
+  parts = {"mixer": "attn", "mlp_norm": "ffn_norm", "mlp": "ffn"} if rwkv6 else {"mixer": "attn"}
+  names = [f"model.layers.{layer}", parts.get(part, part)]
   layout = "same"
+  if rwkv6 and part == "mixer" and layer not in config.attention_indices:
+    for prefix, (name, prefix_layout) in RWKV6_MIXER_NAMES.items():
+      if tuple(rest[:len(prefix)]) == prefix:
+        names.append(name)
+        rest, layout = rest[len(prefix):], prefix_layout or layout
+        break
   for i, p in enumerate(rest):
     if p == "layers" and i + 1 < len(rest) and isinstance(rest[i + 1], int):
       continue  # nnx.Sequential's list: torch's Sequential numbers its children directly
@@ -427,6 +461,8 @@ def to_fla_layout(value: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(value.T)
   if layout == "conv":
     return np.ascontiguousarray(value.T[:, None, :])
+  if layout == "stacked_linear":
+    return np.ascontiguousarray(value.reshape(-1, value.shape[-1]).T)
   return value
 
 
@@ -436,6 +472,8 @@ def fla_shape(shape: tuple, layout: str) -> tuple:
     return tuple(reversed(shape))
   if layout == "conv":
     return (shape[1], 1, shape[0])
+  if layout == "stacked_linear":
+    return (shape[2], shape[0] * shape[1])
   return tuple(shape)
 
 
@@ -446,6 +484,10 @@ def from_fla_layout(value: np.ndarray, layout: str) -> np.ndarray:
     if value.ndim != 3 or value.shape[1] != 1:
       return value  # the shape check names it
     return value[:, 0, :].T
+  if layout == "stacked_linear":
+    if value.ndim != 2 or value.shape[1] % RWKV6_MIXES:
+      return value  # the shape check names it
+    return value.T.reshape(RWKV6_MIXES, value.shape[1] // RWKV6_MIXES, value.shape[0])
   return value
 
 
@@ -564,8 +606,7 @@ def _read_bin(data: bytes, path) -> dict:
 
 # ---------------------------------------------------------------------------------- folders
 def fla_model_type(path) -> str | None:
-  """The model_type of folder `path`'s config.json when it is an fla model type (supported or
-  not), else None."""
+  """The model_type of folder `path`'s config.json when it is an fla model type, else None."""
   file = storage.as_path(path) / CONFIG_FILE
   if not file.exists():
     return None
@@ -573,7 +614,7 @@ def fla_model_type(path) -> str | None:
     model_type = json.loads(file.read_text()).get("model_type")
   except (json.JSONDecodeError, AttributeError):
     return None
-  return model_type if model_type in FLA_TYPES or model_type in UNSUPPORTED_TYPES else None
+  return model_type if model_type in FLA_TYPES else None
 
 
 def load_fla(path, **overrides):
@@ -599,7 +640,7 @@ def load_fla(path, **overrides):
   want = _flat_params(abstract)
   params, used = {}, set()
   for key, spec in want.items():
-    name, layout = fla_tensor_name(key, norm_name)
+    name, layout = fla_tensor_name(key, norm_name, config)
     if name not in weights.files:
       raise ValueError(f"{root}: the checkpoint has no tensor {name!r}, which config.json's "
                        f"{meta['model_type']!r} model needs")
@@ -641,10 +682,11 @@ def to_fla(model, path, tokenizer=None) -> str:
   folder."""
   from safetensors.numpy import save
   from lineax_lm.models.pretrained import _flat_params
-  meta, norm_name = config_to_fla(model.config, tokenizer)
+  config = model.config
+  meta, norm_name = config_to_fla(config, tokenizer)
   tensors = {}
   for key, value in _flat_params(model).items():
-    name, layout = fla_tensor_name(key, norm_name)
+    name, layout = fla_tensor_name(key, norm_name, config)
     tensors[name] = to_fla_layout(np.asarray(jnp.asarray(value, jnp.float32)), layout)
   root = storage.as_path(path)
   root.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,15 @@ from tests.lineax_lm.tiny import tiny_config, tokens
 # lineax_lm mixer -> fla model type; "transformer": every layer attention
 MIXERS = {"gla": "gla", "gated_deltanet": "gated_deltanet", "deltanet": "delta_net", "hgrn": "hgrn",
           "hgrn2": "hgrn2", "retention": "retnet", "kda": "kda", "linear_attn": "linear_attn",
-          "transformer": "transformer"}
+          "rwkv6": "rwkv6", "transformer": "transformer"}
 CASES = [(m, r) for m in MIXERS for r in (("transformer",) if m == "transformer" else ("pure", "3:1"))]
 
 
 def fla_config(mixer: str, attn_ratio: str = "pure", **kw):
-  """tests' tiny config of `mixer` at 4 layers, with GLA's gate rank at fla's fixed 16 and HGRN-2's
-  output norm eps at fla's fixed 1e-5."""
+  """tests' tiny config of `mixer` at 4 layers, with GLA's gate rank at fla's fixed 16, HGRN-2's
+  output norm eps at fla's fixed 1e-5 and RWKV-6 in fla's RWKV-6 blocks."""
+  if mixer == "rwkv6":
+    kw = {"block": "rwkv6", **kw}
   config = tiny_config(mixer, num_layers=4, attn_ratio=attn_ratio, **kw)
   if mixer == "gla":
     config = config.replace(mixer_cfg=dict(num_heads=2))
@@ -204,9 +206,38 @@ def test_an_unsupported_option_is_named(hybrid, tmp_path, option, value, message
     fla.load_fla(corrupt(hybrid[1], tmp_path, config={option: value}))
 
 
-def test_unsupported_model_types_and_attention_options_are_named(hybrid, tmp_path):
-  with pytest.raises(ValueError, match="model_type 'rwkv6' is not supported: fla's RWKV-6 model"):
-    fla.config_from_fla({"model_type": "rwkv6"})
+def test_rwkv6_names_layouts_and_options(tmp_path):
+  """fla's RWKV-6 names: the LayerNorm before layer 0 is layer 0's pre_norm, the channel mixing is
+  `ffn`, the time mixing's low-rank projections are LerpLinear / LoRA modules, x_up one Linear."""
+  model = HybridLM(fla_config("rwkv6", "3:1"), nnx.Rngs(0))
+  fla.to_fla(model, tmp_path)
+  meta = json.loads((tmp_path / "config.json").read_text())
+  assert (meta["hidden_act"], meta["architectures"], meta["intermediate_size"]) == (
+      "sqrelu", ["RWKV6ForCausalLM"], 64)
+  tensors = load_file(tmp_path / "model.safetensors")
+  mixer, block = model.blocks[0].mixer, model.blocks[3]
+  np.testing.assert_array_equal(tensors["model.layers.0.pre_norm.bias"],
+                                np.asarray(model.embed_norm.bias[...]))
+  np.testing.assert_array_equal(tensors["model.layers.0.attn.x_proj.2.weight"].reshape(32, 5, 8),
+                                np.asarray(mixer.x_up[...]).transpose(2, 0, 1))
+  np.testing.assert_array_equal(tensors["model.layers.0.attn.w_proj.linear.lora.2.bias"],
+                                np.asarray(mixer.w_proj.layers[2].bias[...]))
+  np.testing.assert_array_equal(tensors["model.layers.3.attn.k_proj.weight"],  # attention: Linear
+                                np.asarray(block.mixer.k_proj.kernel[...]).T)
+  np.testing.assert_array_equal(tensors["model.layers.3.ffn.key.linear.weight"],
+                                np.asarray(block.mlp.key.linear.kernel[...]).T)
+  assert {"model.layers.3.ffn_norm.bias", "model.layers.3.ffn.receptance.mu",
+          "model.norm.bias"} <= set(tensors)
+  for option, value in (("norm_first", False), ("norm_bias", False), ("hidden_act", "swish")):
+    with pytest.raises(ValueError, match=f"fla option {option}={value!r} is not supported"):
+      fla.load_fla(corrupt(tmp_path, tmp_path / option, config={option: value}))
+  with pytest.raises(ValueError, match="block is 'swiglu' here, 'rwkv6' in fla"):
+    fla.config_to_fla(tiny_config("rwkv6"))
+  with pytest.raises(ValueError, match="block is 'rwkv6' here, 'swiglu' in fla"):
+    fla.config_to_fla(fla_config("gated_deltanet", block="rwkv6"))
+
+
+def test_unsupported_attention_options_are_named(hybrid, tmp_path):
   attn = dict(layers=[3], num_heads=4, num_kv_heads=2, qkv_bias=True)
   with pytest.raises(ValueError, match="attn option qkv_bias=True is not supported"):
     fla.load_fla(corrupt(hybrid[1], tmp_path, config={"attn": attn}))
