@@ -82,6 +82,7 @@ TYPES = {
     "retnet": dict(num_heads=2),
     "kda": dict(num_heads=2, head_dim=16),
     "linear_attn": dict(num_heads=2),
+    "rwkv6": dict(num_heads=2, proj_low_rank_dim=8, gate_low_rank_dim=8),
     "transformer": dict(num_heads=4, num_kv_heads=2, tie_word_embeddings=True),
 }
 # The hybrids: 4 layers, attention at layer 3 (3:1) with grouped key/value heads; some with a

@@ -24,8 +24,8 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 REPO = pathlib.Path(__file__).parents[3]
 EXPECTED = ("gla", "gla_hybrid", "gated_deltanet", "gated_deltanet_hybrid", "delta_net",
             "delta_net_hybrid", "hgrn", "hgrn_hybrid", "hgrn2", "hgrn2_hybrid", "retnet",
-            "retnet_hybrid", "kda", "kda_hybrid", "linear_attn", "linear_attn_hybrid",
-            "transformer")
+            "retnet_hybrid", "kda", "kda_hybrid", "linear_attn", "linear_attn_hybrid", "rwkv6",
+            "rwkv6_hybrid", "transformer")
 RTOL = 1e-4
 MAKE = "benchmarks/make_fla_fixtures.py"
 
