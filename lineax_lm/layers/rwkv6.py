@@ -19,7 +19,7 @@ from pallas_kernels.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 
 from lineax_lm.layers.base import LinearMixer, reset_ids_of
 from lineax_lm.layers.common import (F32, Context, LayerSpec, GroupNorm, MixerConfig, causal_taps,
-                                     dense, param, residual_dense, run_op, split_heads)
+                                     dense, param, run_op, split_heads)
 
 _MIXES = ("r", "w", "k", "v", "g")
 
@@ -34,6 +34,13 @@ class RWKV6Config(MixerConfig):
   use_short_conv: bool = False
 
 
+def _xavier(scale: float = 1.0, in_axis=-2):
+  """fla's xavier_uniform with gain 2^-2.5, times `scale` (variance_scaling's scale is the squared
+  gain); in_axis: the input axes of a kernel whose input is more than one axis."""
+  return nnx.initializers.variance_scaling(2 ** -5 * scale ** 2, "fan_avg", "uniform",
+                                           in_axis=in_axis, out_axis=-1)
+
+
 class RWKV6(LinearMixer):
   """x: [B, L, D] -> ([B, L, D], new cache or None)."""
 
@@ -46,22 +53,31 @@ class RWKV6(LinearMixer):
                        f"divisible by `num_heads` = {H}")
     self.head_k_dim, self.head_v_dim = self.key_dim // H, self.value_dim // H
     zeros = nnx.initializers.zeros
+    # fla's initialisation of this layer (whatever init_std says): every projection
+    # xavier_uniform with gain 2^-2.5, the decay's LoRA down-projection zero and its
+    # up-projection orthogonal with gain 0.1 (so the decay starts data-independent), mu, x_bias
+    # and bonus zero.
+    dense_ = lambda din, dout, axes: dense(din, dout, axes, spec, rngs, kernel_init=_xavier())
+    G = cfg.gate_low_rank_dim
     self.x_mu = param(rngs, zeros, (D,), ("embed",), spec.param_dtype)
-    self.x_down = dense(D, 5 * R, ("embed", "lowrank"), spec, rngs)
-    self.x_up = param(rngs, nnx.initializers.normal(spec.init_std), (5, R, D),
-                      (None, "lowrank", "embed"), spec.param_dtype)
+    self.x_down = dense_(D, 5 * R, ("embed", "lowrank"))
+    self.x_up = param(rngs, _xavier(in_axis=(0, 1)), (5, R, D), (None, "lowrank", "embed"),
+                      spec.param_dtype)  # fla's Linear 5 R -> D
     self.x_bias = param(rngs, zeros, (5, D), (None, "embed"), spec.param_dtype)
-    self.r_proj = dense(D, self.key_dim, ("embed", "heads"), spec, rngs)
-    self.w_proj = nnx.Sequential(dense(D, cfg.gate_low_rank_dim, ("embed", "lowrank"), spec, rngs),
-                                 jnp.tanh,
-                                 dense(cfg.gate_low_rank_dim, self.key_dim, ("lowrank", "heads"),
-                                       spec, rngs, bias=True))
-    self.k_proj = dense(D, self.key_dim, ("embed", "heads"), spec, rngs)
-    self.v_proj = dense(D, self.value_dim, ("embed", "heads"), spec, rngs)
-    self.g_proj = dense(D, self.value_dim, ("embed", "heads"), spec, rngs)
+    self.r_proj = dense_(D, self.key_dim, ("embed", "heads"))
+    up_gain = 0.1 * (G / self.key_dim) ** 0.5 if G > self.key_dim else 0.1
+    self.w_proj = nnx.Sequential(
+        dense(D, G, ("embed", "lowrank"), spec, rngs, kernel_init=zeros), jnp.tanh,
+        dense(G, self.key_dim, ("lowrank", "heads"), spec, rngs, bias=True,
+              kernel_init=nnx.initializers.orthogonal(up_gain)))
+    self.k_proj = dense_(D, self.key_dim, ("embed", "heads"))
+    self.v_proj = dense_(D, self.value_dim, ("embed", "heads"))
+    self.g_proj = dense_(D, self.value_dim, ("embed", "heads"))
     self.bonus = param(rngs, zeros, (H, self.head_k_dim), (None, None), spec.param_dtype)
     self.g_norm = GroupNorm(H, self.value_dim, cfg.norm_eps, spec, rngs, bias=True)
-    self.o_proj = residual_dense(self.value_dim, D, ("heads", "embed"), spec, rngs)
+    # ModelConfig.residual_init="rescale" scales the output projection's init
+    self.o_proj = dense(self.value_dim, D, ("heads", "embed"), spec, rngs,
+                        kernel_init=_xavier(spec.residual_scale))
     self.conv_states = (("shift", 1, D),)
     self.state_shapes = ((H, self.head_k_dim, self.head_v_dim),)
 

@@ -42,7 +42,30 @@ def test_forward_and_gradient(name):
   for path, g in nnx.to_flat_state(g_params):
     g = np.asarray(g[...])
     assert np.all(np.isfinite(g)), f"{name}: non-finite gradient for {path}"
-    assert np.any(g != 0), f"{name}: no gradient reaches {path}"
+    if (name, path) in ZERO_FIRST_GRADIENTS:
+      assert np.all(g == 0), f"{name}: {path} gets a gradient before its input is nonzero"
+    else:
+      assert np.any(g != 0), f"{name}: no gradient reaches {path}"
+
+
+# fla starts RWKV-6's decay LoRA with a zero down-projection: its up-projection's input is zero,
+# and so its first gradient (the down-projection's is not, and the next step's is not)
+ZERO_FIRST_GRADIENTS = {("rwkv6", ("w_proj", "layers", 2, "kernel"))}
+
+
+def test_rwkv6_is_initialised_as_fla_initialises_it():
+  """fla's RWKV6Attention: xavier_uniform (gain 2^-2.5) projections whatever init_std is, the
+  decay's LoRA zero then orthogonal (gain 0.1), the interpolation and bonus zero."""
+  layer = make("rwkv6", proj_low_rank_dim=32, gate_low_rank_dim=16)
+  p = lambda v: np.asarray(v[...])
+  for kernel, fan in ((layer.x_down.kernel, 32 + 160), (layer.x_up, 160 + 32),
+                      (layer.r_proj.kernel, 32 + 16), (layer.o_proj.kernel, 32 + 32)):
+    bound = 2 ** -2.5 * np.sqrt(6 / fan)
+    assert bound * 0.8 < np.abs(p(kernel)).max() <= bound
+  up = p(layer.w_proj.layers[2].kernel)  # [16, 16]
+  np.testing.assert_allclose(up @ up.T, 0.01 * np.eye(16), atol=1e-6)
+  assert not np.any(p(layer.w_proj.layers[0].kernel))
+  assert not any(np.any(p(v)) for v in (layer.x_mu, layer.x_bias, layer.bonus))
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
