@@ -51,7 +51,7 @@ changes no row's or channel's arithmetic). fla's math is unchanged: `--compare -
 recomputes the logits and greedy tokens of the fixtures in DIR on --device from their saved
 weights and prints how far they are from the saved ones (the GPU-made gla, gated_deltanet and
 hgrn2_hybrid fixtures recomputed on the CPU: logits within 3.5e-6 of the largest logit, greedy
-tokens equal). The interpreter is slow: a fixture's 17 forwards take one to several minutes on
+tokens equal). The rwkv6 fixtures were made this way on the CPU. The interpreter is slow: a fixture's 17 forwards take one to several minutes on
 two busy cores. Fixtures made on the CPU differ from GPU-made ones in their random weights
 (torch's CPU and CUDA generators differ), not in how fla computes.
 
