@@ -255,12 +255,9 @@ def config_from_fla(meta: dict, file="config.json", **overrides):
   fla_type = FLA_TYPES[model_type]
   f = _Fields(meta, fla_type, file)
   hidden, layers = f.shared("hidden_size"), f.shared("num_hidden_layers")
-  if fla_type.block == "rwkv6":  # fla's RWKV6FeedForward: 3.5 when None
-    width = lambda ratio: channel_mix_width(hidden, ratio or 3.5)
-  else:  # fla's GatedMLP: 4 when None
-    width = lambda ratio: mlp_width(hidden, ratio or 4)
-  ratio = f.shared("hidden_ratio")
-  mlp = f.shared("intermediate_size") or width(ratio)
+  ratio = f.shared("hidden_ratio")  # None: fla's RWKV6FeedForward takes 3.5, its GatedMLP 4
+  mlp = f.shared("intermediate_size") or (channel_mix_width(hidden, ratio or 3.5)
+                                          if fla_type.block == "rwkv6" else mlp_width(hidden, ratio or 4))
   fields = dict(vocab_size=f.shared("vocab_size"), num_layers=layers, hidden=hidden,
                 mlp_hidden=mlp, block=fla_type.block, norm_eps=f.shared("norm_eps"),
                 tie_embeddings=bool(f.shared("tie_word_embeddings")),

@@ -1,7 +1,8 @@
 """lineax_lm against fla itself: each fixture in fixtures/ is a tiny random fla 0.6.0 model of one
 type, pure or 3:1 hybrid, saved by fla with its float32 logits on fixed token ids and its greedy
-continuation (made on the GPU host by benchmarks/make_fla_fixtures.py; its docstring gives the
-command and how fla computed them). Imported with lineax_lm.from_pretrained, the model's logits
+continuation (made on the GPU host by benchmarks/make_fla_fixtures.py, the rwkv6 ones on a CPU
+under Triton's interpreter; each reference.json says where; the script's docstring gives the
+commands and how fla computed them). Imported with lineax_lm.from_pretrained, the model's logits
 match fla's within 1e-4 relative to the largest logit: |ours - fla| <= 1e-4 * (|fla| +
 max |fla|), both float32 (fla's fused_recurrent kernels on the GPU, lineax_lm's chunked xla ops on
 the CPU); its greedy tokens (prefill, then decode from the cache) equal fla's.
