@@ -31,7 +31,7 @@ def parse(define: Callable[[flags.FlagValues, list[str]], None], argv: Sequence[
       sys.exit(0)
     rest = flag_values(argv)
   except flags.Error as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {flag_error_line(e)}")
   except (AttributeError, KeyError) as e:  # config_flags: an override of a field the config lacks
     overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
     sys.exit(f"error: {' or '.join(overrides)}: the config has no field {str(e).strip(chr(34))}")
@@ -40,6 +40,24 @@ def parse(define: Callable[[flags.FlagValues, list[str]], None], argv: Sequence[
              "that holds spaces or a glob the shell would expand: --paths='data/*.txt')")
   prepare()
   return flag_values
+
+
+def flag_error_line(error: Exception) -> str:
+  """An absl flag error in one line: config_flags reports a config file's own exception with the
+  whole traceback in the message, of which the last line (the exception) says what is wrong."""
+  message = str(error).strip()
+  if "Error whilst parsing config file" in message:
+    flag = message.split(": Error whilst parsing config file")[0]
+    return f"{flag}: {message.splitlines()[-1]}"
+  return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def parse_absl_flags(argv: Sequence[str]) -> list[str]:
+  """A `flags_parser` for absl.app.run over the global FLAGS, with one-line errors."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(f"error: {flag_error_line(e)}")
 
 
 def prepare() -> None:

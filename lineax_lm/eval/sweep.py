@@ -194,4 +194,5 @@ if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Sweep directory (one subfolder per point).")
   flags.DEFINE_string("only", "", "Regular expression: run only the points whose name matches.")
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  from lineax_lm import cli
+  app.run(main, flags_parser=cli.parse_absl_flags)

@@ -106,9 +106,9 @@ def with_packaged_config(argv) -> list[str]:
 
 
 def parse_flags(argv):
-  """absl flag parsing, with suggestions for a mistyped --config.<field> override. Any other error
-  (a config file that fails to load, a value of the wrong type) is absl's own, unchanged. A
-  --config naming a config shipped in the package is found without a checkout."""
+  """absl flag parsing, with suggestions for a mistyped --config.<field> override; a flag error (a
+  missing required flag, a value of the wrong type) or a config file that refuses its argument is
+  one line. A --config naming a config shipped in the package is found without a checkout."""
   argv = with_packaged_config(argv)
   path = _config_path(argv)
   if path is not None and not os.path.isfile(path.partition(":")[0]):
@@ -116,11 +116,13 @@ def parse_flags(argv):
              "or the name of one shipped in lineax_lm/configs)")
   try:
     return FLAGS(argv)
-  except (AttributeError, KeyError, flags.Error):
+  except (AttributeError, KeyError, flags.Error) as e:
     hints = unknown_field_hints(argv)
-    if hints is None:
-      raise
-    sys.exit(f"error: unknown config field(s): {hints}")
+    if hints is not None:
+      sys.exit(f"error: unknown config field(s): {hints}")
+    if isinstance(e, flags.Error):  # a missing flag, a bad value, a config file that refused its argument
+      sys.exit(f"error: {cli.flag_error_line(e)}")
+    raise
 
 
 def main(argv):

@@ -160,6 +160,19 @@ def test_config_typo_on_the_command_line_suggests_the_field():
     cli.parse_flags(["train", "--config", "configs/base.py", "--config.train.stpes=5", "--workdir", "/tmp/x"])
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--config", "configs/quickstart.py:gdn"], "^error: flag --workdir=None: --workdir is required"),
+    (["--config", "configs/quickstart.py:nope", "--workdir", "/tmp/x"],
+     r"^error: flag --config=configs/quickstart.py:nope: ValueError: quickstart variant must be one of"),
+    (["--config", "configs/distill.py:nope", "--workdir", "/tmp/x"], "is not a student; choose from")])
+def test_bad_command_line_is_one_line(argv, says):
+  from lineax_lm.train import __main__ as cli
+  cli.FLAGS.unparse_flags()  # a fresh process's flags: no --workdir left from an earlier parse
+  with pytest.raises(SystemExit, match=says) as e:
+    cli.parse_flags(["train", *argv])
+  assert "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_profile_steps_write_a_summary(clean_run):
   _, workdir, _ = clean_run  # profiled at steps 2..3 (conftest.py)
