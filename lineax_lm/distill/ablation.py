@@ -24,6 +24,10 @@ decay of the state and the output gate:
   | gated_deltanet           | -exp(A_log) softplus(a_proj x) | RMSNorm(o) * swish(g_proj(x))   |
   | linear_attn              | none (no delta rule, no conv)  | RMSNorm(o)                      |
 
+The ungated RMSNorm's weight starts at 1 (fla's init, `init_student(output_norm_init="ones")`, as the
+study's students started); `deltanet_zero_norm` and `linear_attn_zero_norm` start it at 0
+(`output_norm_init="zeros"`, init_student's default).
+
 Everything else is the same in the four delta-rule variants: q/k/v/o from the teacher, identity
 short convolutions with SiLU, L2-normalised q and k, beta = sigmoid(b_proj(x)). With A_log = -inf
 the decay exp(g) is exactly 1 and Gated DeltaNet computes exactly DeltaNet with the output gate
@@ -55,14 +59,16 @@ from lineax_lm.distill.teacher import teacher_from_checkpoint, tiny_teacher
 from lineax_lm.models.compile import call_shared
 from lineax_lm.train.optim import make_optimizer
 
-# variant -> (mixer, mixer_cfg overrides, decay switched off)
+# variant -> (mixer, mixer_cfg overrides, decay switched off, output norm's weight started at 0)
 VARIANTS = {
-    "deltanet": ("deltanet", {}, False),
-    "deltanet_gate": ("deltanet", {"use_gate": True}, False),
-    "gated_deltanet_no_decay": ("gated_deltanet", {}, True),
-    "gated_deltanet_no_gate": ("gated_deltanet", {"use_gate": False}, False),
-    "gated_deltanet": ("gated_deltanet", {}, False),
-    "linear_attn": ("linear_attn", {}, False),
+    "deltanet": ("deltanet", {}, False, False),
+    "deltanet_gate": ("deltanet", {"use_gate": True}, False, False),
+    "gated_deltanet_no_decay": ("gated_deltanet", {}, True, False),
+    "gated_deltanet_no_gate": ("gated_deltanet", {"use_gate": False}, False, False),
+    "gated_deltanet": ("gated_deltanet", {}, False, False),
+    "linear_attn": ("linear_attn", {}, False, False),
+    "deltanet_zero_norm": ("deltanet", {}, False, True),
+    "linear_attn_zero_norm": ("linear_attn", {}, False, True),
 }
 DECAY_PARAMS = ("A_log", "a_proj", "dt_bias")  # frozen when the decay is switched off
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "corpora", "smollm2_samples")
@@ -118,8 +124,9 @@ def _normed(block, h):
 def variant_mixers(teacher, teacher_cfg, variant: str, layers, seed: int):
   """{layer i: the variant's student mixer at layer i}, initialised from the teacher as the study's
   students are; with the decay off, A_log = -inf so that exp(g) = 1 exactly."""
-  mixer, mixer_cfg, no_decay = VARIANTS[variant]
-  student = init_student(teacher, student_config(teacher_cfg, mixer, mixer_cfg=mixer_cfg), seed=seed)
+  mixer, mixer_cfg, no_decay, zero_norm = VARIANTS[variant]
+  student = init_student(teacher, student_config(teacher_cfg, mixer, mixer_cfg=mixer_cfg), seed=seed,
+                         output_norm_init="zeros" if zero_norm else "ones")
   mixers = {i: student.blocks[i].mixer for i in layers}
   if no_decay:
     for m in mixers.values():
@@ -214,8 +221,9 @@ def run(teacher, teacher_cfg, train_rows: np.ndarray, eval_rows: np.ndarray, *, 
       results[variant] = {}
       for i in layers:
         bar.set_postfix_str(f"{variant} layer {i}")
-        results[variant][i] = train_mixer(mixers[i], variant, train_cfg, train[i], heldout[i],
-                                          batch, seed, bar)
+        before, after = results[variant][i] = train_mixer(mixers[i], variant, train_cfg, train[i],
+                                                          heldout[i], batch, seed, bar)
+        bar.write(f"{variant} layer {i}: held-out loss {before:.3f} -> {after:.3f}")
   return results
 
 
@@ -245,9 +253,9 @@ def define_flags(fv: flags.FlagValues, argv) -> None:
                        "study's default budget)", lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("batch", 4, "rows per step (the study's)", lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("seq_len", 512, "tokens per row", lower_bound=8, flag_values=fv)
-  flags.DEFINE_integer("train_rows", 96, "training rows (reused when the steps need more)",
+  flags.DEFINE_integer("train_rows", 48, "training rows (reused when the steps need more)",
                        lower_bound=1, flag_values=fv)
-  flags.DEFINE_integer("eval_rows", 16, "held-out rows the losses are measured on", lower_bound=1,
+  flags.DEFINE_integer("eval_rows", 8, "held-out rows the losses are measured on", lower_bound=1,
                        flag_values=fv)
   flags.DEFINE_integer("seed", 0, "student init and row order", flag_values=fv)
   flags.DEFINE_string("out", "", "also write the results here as JSON", flag_values=fv)

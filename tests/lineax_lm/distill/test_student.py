@@ -78,6 +78,26 @@ def test_all_attention_student_is_the_teacher(teacher):
   np.testing.assert_array_equal(np.asarray(s(x)), np.asarray(t(x)))
 
 
+@pytest.mark.parametrize("mixer", ["deltanet", "linear_attn"])
+def test_ungated_output_norm_starts_at_zero_output(teacher, mixer):
+  """DeltaNet and linear attention scale each head to unit RMS with no gate after it: with fla's
+  weight-1 norm the student starts stage 1 worse than a zero output (the study's DeltaNet student
+  ended stage 1 at 1.92); from weight 0 it starts at exactly the zero output's loss 1."""
+  from lineax_lm.distill.losses import alignment_loss
+  t, tcfg = teacher
+  inputs = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 24)))
+  batch = {"inputs": inputs, "loss_mask": jnp.ones(inputs.shape)}
+
+  def layer_loss(student):
+    total, (_, count) = alignment_loss(student, t, batch, layers=(0, 1), level="layer")
+    return float(total / count)
+  cfg = student_config(tcfg, mixer)
+  assert layer_loss(init_student(t, cfg)) == pytest.approx(1.0, abs=1e-6)
+  assert layer_loss(init_student(t, cfg, output_norm_init="ones")) > 1.01
+  gated = init_student(t, student_config(tcfg, "gated_deltanet"))
+  np.testing.assert_array_equal(gated.blocks[0].mixer.o_norm.weight[...], 1.0)
+
+
 def test_student_errors(teacher):
   t, tcfg = teacher
   with pytest.raises(ValueError, match="mixer: 'hgrn' has no teacher mapping"):
@@ -88,6 +108,8 @@ def test_student_errors(teacher):
     init_student(t, student_config(tcfg, "gated_deltanet", mixer_cfg={"head_dim": 16}))
   with pytest.raises(ValueError, match="conv_init"):
     init_student(t, student_config(tcfg, "gla"), conv_init="zeros")
+  with pytest.raises(ValueError, match="output_norm_init"):
+    init_student(t, student_config(tcfg, "deltanet"), output_norm_init="random")
 
 
 def test_dense_mlstm_layer_decodes_as_it_trains():
