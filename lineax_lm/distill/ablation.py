@@ -52,7 +52,6 @@ from tqdm import tqdm
 from lineax_lm import cli
 from lineax_lm.distill import data as distill_data, losses
 from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
-from lineax_lm.distill.config import distill_config
 from lineax_lm.distill.student import init_student, student_config
 from lineax_lm.distill.study import study_config
 from lineax_lm.distill.teacher import teacher_from_checkpoint, tiny_teacher
@@ -194,7 +193,7 @@ def stage1_train_config(steps: int | None):
   with `steps` steps (warmup 10%)."""
   c = study_config("deltanet")
   layer = c.stages.layer
-  t = ml_collections.ConfigDict(distill_config("deltanet").train.to_dict())
+  t = ml_collections.ConfigDict(c.train.to_dict())
   steps = layer.steps if steps is None else steps
   warmup = layer.warmup_steps if steps == layer.steps else max(1, steps // 10)
   t.update(dict(steps=steps, lr=layer.lr, warmup_steps=warmup))
