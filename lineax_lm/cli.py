@@ -75,11 +75,16 @@ def cpu_without_accelerator() -> None:
   import jax
   if jax.config.jax_platforms or not importlib.util.find_spec("libtpu"):
     return
-  tpu_nodes = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*")
-  cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-  if not tpu_nodes and not cuda:
+  if not accelerator_present():
     jax.config.update("jax_platforms", "cpu")
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def accelerator_present() -> bool:
+  """A TPU device node (/dev/accel* on v4, /dev/vfio/N from v5) or a CUDA plugin for jax."""
+  tpu_nodes = glob.glob("/dev/accel*") + glob.glob("/dev/vfio/[0-9]*")
+  return bool(tpu_nodes) or any(importlib.util.find_spec(m)
+                                for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
 
 
 def quiet_library_logs() -> None:

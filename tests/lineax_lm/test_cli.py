@@ -1,6 +1,5 @@
 """The command-line convention (lineax_lm.cli): one-line errors, and the CPU as the platform where
 libtpu is installed without a TPU (no start-up wait for a TPU that is not there)."""
-import glob
 import importlib.util
 import os
 import subprocess
@@ -24,8 +23,8 @@ def test_bad_input_is_one_line_naming_it(argv, says):
     cli.parse(_define, argv, "prog", "doc")
 
 
-@pytest.mark.skipif(not importlib.util.find_spec("libtpu") or glob.glob("/dev/accel*")
-                    or glob.glob("/dev/vfio/[0-9]*"), reason="needs libtpu installed and no TPU")
+@pytest.mark.skipif(not importlib.util.find_spec("libtpu") or cli.accelerator_present(),
+                    reason="needs libtpu installed and no TPU or CUDA plugin")
 @pytest.mark.parametrize("given, want", [(None, "cpu"), ("cpu,tpu", "cpu,tpu")])
 def test_libtpu_without_a_tpu_runs_on_the_cpu_unless_told_otherwise(given, want):
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
