@@ -68,7 +68,7 @@ def _chunk(bh, bl, ig, m0) -> _Chunk:
   E = jnp.where(causal, jnp.exp((ig[None, :] - m[:, None]) + D), 0.0)
   w = jnp.exp((ig - m_end) + _last(D))
   sx = jnp.exp(((m0 - m) + bh) + bl)
-  decay = _last(jnp.exp(((m0 - m_end) + bh) + bl))
+  decay = jnp.exp(_last(((m0 - m_end) + bh) + bl))
   return _Chunk(causal, L, mrow, x, m, sx, E, w, m_end, decay)
 
 
