@@ -12,10 +12,13 @@ forward+backward, per chip generation, and tabulates the compile time, the tempo
     python -m pallas_kernels.tpu_aot --chips v5e --only anchor        # one chip, the anchor rows
 
 Each item compiles in its own process under `--timeout` seconds, so a slow compile costs one row
-(marked "timeout"), never the table; the markdown file is rewritten after every row.
+(marked "timeout"), never the table; `--jobs N` compiles N at a time (a compile keeps about one core
+busy). The markdown file is rewritten after every row, and the results kept beside it
+(`tpu_aot.md.json`): run the same command again and it compiles only the rows still missing.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -258,17 +261,44 @@ def table(rows: list[tuple[Item, dict | None]]) -> str:
   return "\n".join(out) + "\n"
 
 
-def fill_table(keys, run_one, render, out: str | None = None) -> str:
-  """`run_one(key)` for each key in order, printing each row as it finishes and rewriting the
-  markdown file `out` (`render([(key, result or None), ...])`, rows not yet run as None) after
-  every one; returns the whole table."""
+def fill_table(keys, run_one, render, out: str | None = None, jobs: int = 1) -> str:
+  """`run_one(key)` for each key, `jobs` at a time (each runs a child process), printing each row as
+  it finishes and rewriting the markdown file `out` (`render([(key, result or None), ...])` in the
+  keys' order, rows not yet run as None) after every one; returns the whole table.
+
+  The results also go to `out` + ".json" (a row's key is its `repr`), and a later run with the same
+  `out` keeps the rows that compiled there instead of compiling them again, so a table of hours
+  fills over several runs and a run cut short loses only the rows it was compiling. Errors and
+  timeouts run again."""
   rows = [(key, None) for key in keys]
+  done = {}
+  if out and os.path.exists(out + ".json"):
+    with open(out + ".json") as f:
+      done = {k: r for k, r in json.load(f).items() if "error" not in r}
+  todo = []
   for i, key in enumerate(keys):
-    rows[i] = (key, run_one(key))
+    if repr(key) in done:
+      rows[i] = (key, done[repr(key)])
+    else:
+      todo.append(i)
+  if len(todo) < len(keys):
+    print(f"{len(keys) - len(todo)} rows kept from {out}.json (delete it to compile them again)",
+          flush=True)
+
+  def record(i, result):
+    rows[i] = (keys[i], result)
+    done[repr(keys[i])] = result
     print(render([rows[i]]).splitlines()[-1], flush=True)
     if out:
       with open(out, "w") as f:
         f.write(render(rows))
+      with open(out + ".json", "w") as f:
+        json.dump(done, f, indent=1)
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    futures = {pool.submit(run_one, keys[i]): i for i in todo}
+    for future in concurrent.futures.as_completed(futures):
+      record(futures[future], future.result())
   return render(rows)
 
 
@@ -279,6 +309,8 @@ def define_flags(fv, argv) -> None:
   flags.DEFINE_list("families", list(FAMILIES), "subset of the op families", flag_values=fv)
   flags.DEFINE_list("only", list(KINDS), f"row kinds, of {list(KINDS)}", flag_values=fv)
   flags.DEFINE_float("timeout", 600.0, "seconds per compile", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("jobs", 1, "compiles at a time (one process and about one core each)",
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_string("out", None, "markdown file, rewritten after every row", flag_values=fv)
   flags.DEFINE_string("item", None, "internal: one item (JSON), compiled in a child process",
                       flag_values=fv)
@@ -300,7 +332,7 @@ def main(argv=None):
   if (why := libtpu_missing()):
     cli.fail(why)
   items = matrix(a.chips, a.families, a.only)
-  print(fill_table(items, lambda item: run_isolated(item, a.timeout), table, a.out))
+  print(fill_table(items, lambda item: run_isolated(item, a.timeout), table, a.out, a.jobs))
 
 if __name__ == "__main__":
   main()

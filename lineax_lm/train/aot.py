@@ -276,20 +276,24 @@ def define_table_flags(fv, argv) -> None:
   del argv
   flags.DEFINE_string("out", None, "markdown file, rewritten after every row", flag_values=fv)
   flags.DEFINE_float("timeout", 1800.0, "seconds per row", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("jobs", 1, "rows compiled at a time (one process and about one core each)",
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_list("presets", TABLE_PRESETS + [LONG_CONTEXT[0]], "subset of the rows' presets",
                     flag_values=fv)
   flags.DEFINE_list("topologies", TABLE_TOPOLOGIES, "subset of the rows' topologies", flag_values=fv)
 
 
 def table_main(argv=None):
-  """python -m lineax_lm.train.aot [--out FILE] [--timeout S]: the presets x topologies table, one
-  `python -m lineax_lm.train --aot` per row, the file rewritten after each."""
+  """python -m lineax_lm.train.aot [--out FILE] [--timeout S] [--jobs N]: the presets x topologies
+  table, one `python -m lineax_lm.train --aot` per row (N at a time), the file rewritten after each;
+  the same command again compiles only the rows still missing (`pallas_kernels.tpu_aot.fill_table`)."""
   from lineax_lm import cli
   a = cli.parse(define_table_flags, argv, "python -m lineax_lm.train.aot", table_main.__doc__)
   rows = [r for r in table_rows() if r[0] in a.presets and r[1] in a.topologies]
   if not rows:
     cli.fail(f"no row has --presets {','.join(a.presets)} and --topologies {','.join(a.topologies)}")
-  print(fill_table(rows, lambda row: run_row(*row, timeout=a.timeout), table_markdown, a.out))
+  print(fill_table(rows, lambda row: run_row(*row, timeout=a.timeout), table_markdown, a.out,
+                   a.jobs))
 
 
 if __name__ == "__main__":

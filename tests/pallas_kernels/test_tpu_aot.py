@@ -82,3 +82,21 @@ def test_mlstm_compiles_at_the_largest_preset_head():
   """K = V = 1,024 (the 1.3B preset): the state's value tiles fit v5e's scoped VMEM."""
   result = compile_item(Item("mlstm", **dict(SMALL, H=1, K=1024, V=1024)))
   assert result["flops"] > 1e6, result
+
+
+def test_table_fills_in_parallel_and_a_second_run_compiles_only_what_is_missing(tmp_path):
+  out = str(tmp_path / "t.md")
+  render = lambda rows: "".join(f"{k}: {r}\n" for k, r in rows)
+  calls = []
+
+  def first(key):
+    calls.append(key)
+    return {"error": "timeout"} if key == "c" else {"v": key.upper()}
+
+  text = tpu_aot.fill_table(["a", "b", "c"], first, render, out, jobs=2)
+  assert text == "a: {'v': 'A'}\nb: {'v': 'B'}\nc: {'error': 'timeout'}\n" == open(out).read()
+  assert sorted(calls) == ["a", "b", "c"]
+  calls.clear()
+  text = tpu_aot.fill_table(["a", "b", "c", "d"], first, render, out)
+  assert sorted(calls) == ["c", "d"]  # a and b compiled before; c failed and runs again
+  assert text.startswith("a: {'v': 'A'}\nb: {'v': 'B'}\n") and text.endswith("d: {'v': 'D'}\n")
