@@ -152,22 +152,37 @@ def context_map(fn, args: tuple, kinds: tuple, width: int):
 
   `kinds[i]` says how every array of args[i] (an array, a pytree of them or None) is split: "time"
   ([B, T, ...]: rows over (data, fsdp), time over `context`, axis 2 (when there is one) over
-  `tensor`), "channels" ([..., width] per-channel or per-head weights: the last axis over `tensor`)
-  or None (replicated). `width`: the size of axis 2 of the "time" args; the tensor axis splits it
-  only when it divides it."""
+  `tensor`), "channels" ([..., width] per-channel or per-head weights: the last axis over `tensor`),
+  None (replicated), or a function of (mesh, head axis or None) giving args[i]'s PartitionSpec
+  pytree (an object that shards itself, e.g. a splash-attention kernel's mask tables). `width`: the
+  size of axis 2 of the "time" args; the tensor axis splits it only when it divides it."""
+  return _map(fn, args, kinds, width, CONTEXT_AXIS)
+
+
+def rows_heads_map(fn, args: tuple, kinds: tuple, width: int):
+  """`context_map` with T whole on every device: `fn` runs on each device's rows (data, fsdp) and
+  heads (tensor). Pallas kernels do not partition inside `jit`; this gives them each device's own
+  arrays. Without a training mesh (or on one device) it is the plain call `fn(*args)`."""
+  if _training_mesh() is None:
+    return fn(*args)
+  return _map(fn, args, kinds, width, None)
+
+
+def _map(fn, args: tuple, kinds: tuple, width: int, time_axis: str | None):
   mesh = _training_mesh()
   B = next(a for a, kind in zip(args, kinds) if kind == "time").shape[0]
   batch, head = _row_head_axes(mesh, B, width)
 
   def spec(arg, kind):
     if kind == "time":
-      return P(batch, CONTEXT_AXIS, head) if arg.ndim > 2 else P(batch, CONTEXT_AXIS)
+      return P(batch, time_axis, head) if arg.ndim > 2 else P(batch, time_axis)
     if kind == "channels":
       return P(*([None] * (arg.ndim - 1)), head)
     return P()
-  in_specs = tuple(jax.tree_util.tree_map(lambda a, kind=kind: spec(a, kind), arg)
+  in_specs = tuple(kind(mesh, head) if callable(kind) else
+                   jax.tree_util.tree_map(lambda a, kind=kind: spec(a, kind), arg)
                    for arg, kind in zip(args, kinds))
-  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(batch, CONTEXT_AXIS, head),
+  return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=P(batch, time_axis, head),
                        check_vma=False)(*args)
 
 

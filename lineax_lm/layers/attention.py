@@ -1,8 +1,16 @@
 """Softmax attention exactly as HF Llama's: q/k/v/o projections without bias, GQA, RoPE (rotate-half
-layout, theta from the config), optional sliding window, `jax.nn.dot_product_attention`
-(`attn_impl`: None lets JAX choose, "xla", "cudnn"), and a KV cache for decode. Under a mesh that
-splits the sequence over `context` (training), keys and values are gathered from every slice
-(`context_parallel_attention`).
+layout, theta from the config), optional sliding window, and a KV cache for decode.
+
+`attn_impl` picks the kernel of the full-sequence passes (training, prefill): "xla" and "cudnn" are
+`jax.nn.dot_product_attention`'s; "splash" is jax's Pallas TPU flash-attention kernel
+(`jax.experimental.pallas.ops.tpu.splash_attention`, what MaxText trains with), which never holds
+the [L, L] scores; None takes "splash" on a TPU (the layer's `backend` is "tpu", or "auto" on a
+TPU host) and lets `jax.nn.dot_product_attention` choose elsewhere (cuDNN's flash kernel on a GPU
+when it can). Decode steps, and lengths that are not a multiple of 128, take
+`jax.nn.dot_product_attention`. "splash" off a TPU runs the kernel in Pallas interpret mode (the
+tests' way to check it on a CPU), except under `backend="tpu"`, which compiles for a TPU (the
+ahead-of-time compile, `lineax_lm.train.aot`). Under a mesh that splits the sequence over `context` (training),
+keys and values are gathered from every slice (`context_parallel_attention`).
 
 `use_short_conv` (off by default, so the layer is Llama's) puts a causal depthwise convolution over
 the last `conv_size` tokens on q, k and v, as the linear mixers have (and as Zoology's MQAR models
@@ -17,13 +25,18 @@ convolutions' last inputs); the model says where the new tokens go (`Context.cac
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
+from jax.sharding import PartitionSpec as P
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from lineax_lm import sharding
+from pallas_kernels.common import dispatch
 from lineax_lm.layers.base import ShortConvs, ctx_or_default
 from lineax_lm.layers.common import (Context, LayerSpec, MixerConfig, dense, merge_heads,
                                      residual_dense, rope, split_heads)
@@ -37,7 +50,7 @@ class AttentionConfig(MixerConfig):
   rope_theta: float = 10000.0
   window: int | None = None         # sliding window: a query sees itself and window - 1 earlier keys
   qkv_bias: bool = False
-  attn_impl: str | None = None      # jax.nn.dot_product_attention `implementation`
+  attn_impl: str | None = None      # None, "xla", "cudnn" or "splash" (module docstring)
   use_short_conv: bool = False
 
 
@@ -53,18 +66,99 @@ def attention_mask(q_pos, k_pos, window=None, q_ids=None, k_ids=None):
   return mask[:, None]
 
 
-def context_parallel_attention(q, k, v, ids=None, window=None, implementation=None):
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash")
+
+
+def resolve_impl(attn_impl: str | None, backend: str, length: int) -> str | None:
+  """The kernel a full-sequence pass of `length` tokens takes (module docstring): "splash" or
+  `jax.nn.dot_product_attention`'s `implementation`."""
+  if attn_impl not in IMPLEMENTATIONS:
+    raise ValueError(f"`attn_impl` must be one of {IMPLEMENTATIONS}; got {attn_impl!r}")
+  on_tpu = backend == "tpu" or (backend == "auto" and dispatch.platform() == "tpu")
+  if attn_impl is None and on_tpu:
+    attn_impl = "splash"
+  if attn_impl == "splash" and length % 128:  # the kernel's key blocks are whole 128-lane tiles
+    return None
+  return attn_impl
+
+
+def dot_product_attention(q, k, v, ids=None, window=None, implementation=None):
+  """Causal attention of q [B, L, H, Dh] over k, v [B, L, Hkv, Dh] on one device (RoPE applied),
+  within `window` and, for packed rows, within the sequence of each token's id (`ids` [B, L])."""
+  if ids is None and window is None:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+  t = jnp.arange(q.shape[1])
+  return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(t, t, window, ids, ids),
+                                      implementation=implementation)
+
+
+@functools.lru_cache(maxsize=64)
+def splash_kernel(heads: int, q_length: int, k_length: int, window: int | None, q_shards: int = 1,
+                  interpret: bool = False):
+  """jax's splash-attention kernel for `heads` heads of causal attention (within `window`), queries
+  [q_length] over keys [k_length]; with `q_shards` > 1 the query rows are split over that many
+  devices, each calling the kernel on its slice of q against all the keys (its mask tables shard
+  with `manual_sharding_spec`). Blocks of 512 tokens where they divide the lengths."""
+  shape = (k_length, k_length)
+  mask = (splash_mask.CausalMask(shape) if window is None
+          else splash_mask.LocalMask(shape, window_size=(window - 1, 0), offset=0))
+  block_q = next(b for b in (512, 256, 128) if (q_length // q_shards) % b == 0)
+  block_k = next(b for b in (512, 256, 128) if k_length % b == 0)
+  blocks = splash.BlockSizes(block_q=block_q, block_kv=block_k, block_kv_compute=block_k,
+                             block_q_dkv=block_q, block_kv_dkv=block_k, block_kv_dkv_compute=block_k,
+                             block_q_dq=block_q, block_kv_dq=block_k)
+  return splash.make_splash_mha(splash_mask.MultiHeadMask([mask] * heads), block_sizes=blocks,
+                                head_shards=1, q_seq_shards=q_shards, interpret=interpret)
+
+
+def splash_attention(q, k, v, ids=None, window=None, kernel=None, k_ids=None, interpret=False):
+  """`dot_product_attention` through jax's Pallas TPU splash-attention kernel (flash attention over
+  blocks, skipping the blocks the causal and window masks empty; GQA as is): q [B, Lq, H, Dh] over
+  k, v [B, Lk, Hkv, Dh]. `kernel`: a `splash_kernel` (default: the one for these shapes, Lq = Lk);
+  `k_ids` the keys' sequence ids where they are not `ids` (context parallelism). The kernel does not
+  scale: q is scaled by 1/sqrt(Dh) first, as `jax.nn.dot_product_attention` does."""
+  B, Lq, H, Dh = q.shape
+  kernel = kernel or splash_kernel(H, Lq, k.shape[1], window, interpret=interpret)
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+  q = heads_first(q * jnp.asarray(Dh ** -0.5, q.dtype))
+
+  def one_row(q, k, v, q_ids, k_ids):
+    segments = None if q_ids is None else splash.SegmentIds(q=q_ids, kv=k_ids)
+    return kernel(q, k, v, segment_ids=segments)
+  k_ids = ids if k_ids is None else k_ids
+  o = jax.vmap(one_row)(q, heads_first(k), heads_first(v), ids, k_ids)
+  return heads_first(o)
+
+
+def context_parallel_attention(q, k, v, ids=None, window=None, implementation=None, interpret=False):
   """Causal attention of q [B, L, H, Dh] over k, v [B, L, Hkv, Dh] with L split over the mesh's
   `context` axis: each device all-gathers every slice's keys and values (and segment ids `ids`
   [B, L] of packed rows) and attends its own queries to the whole sequence, the causal and window
   mask offset by its slice's start. RoPE is already applied (on global positions), so only the mask
-  needs the offset. Returns o [B, L, H, Dh], split like q.
+  needs the offset. Returns o [B, L, H, Dh], split like q. With "splash" the kernel's mask tables
+  are built for the whole [L, L] mask and split by query rows with the slices, so each device's
+  kernel skips exactly the blocks its rows do not see.
 
   All-gather rather than a ring: at 2-8 devices the gathered K/V are a few times one slice's
   activations (GQA keeps them small), the gather is one collective XLA overlaps with the projections,
   and attention stays one fused call with a mask. A ring passes K/V in c - 1 sequential steps, each
   a partial softmax merged online, and pays off when the whole sequence's K/V would not fit or at
   many more devices."""
+  if implementation == "splash":
+    mesh = jax.sharding.get_abstract_mesh()
+    c, tensor = mesh.shape[sharding.CONTEXT_AXIS], mesh.shape[sharding.HEAD_AXIS]
+    heads = q.shape[2] // tensor if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else q.shape[2]
+    kernel = splash_kernel(heads, q.shape[1], q.shape[1], window, q_shards=c, interpret=interpret)
+    kernel_spec = lambda mesh, head: kernel.manual_sharding_spec(
+        jax.sharding.NamedSharding(mesh, P(None, sharding.CONTEXT_AXIS)))
+
+    def local(q, k, v, ids, kernel):
+      k_ids = None if ids is None else sharding.gather_sequence(ids)
+      return splash_attention(q, sharding.gather_sequence(k), sharding.gather_sequence(v), ids,
+                              window, kernel=kernel, k_ids=k_ids)
+    return sharding.context_map(local, (q, k, v, ids, kernel), ("time",) * 4 + (kernel_spec,),
+                                k.shape[2])
+
   def local(q, k, v, ids):
     length = q.shape[1]
     keys = sharding.gather_sequence(k)
@@ -119,17 +213,21 @@ class Attention(ShortConvs, nnx.Module):
                **({"conv": conv} if self.conv_names else {})}
       k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
       mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
-      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
-    elif sharding.context_axis(L):
-      ids = None if ctx.packing is None else ctx.packing.reset_ids
-      o = context_parallel_attention(q, k, v, ids, cfg.window, cfg.attn_impl)
-    elif ctx.packing is not None or cfg.window is not None:
-      ids = None if ctx.packing is None else ctx.packing.reset_ids
-      t = jnp.arange(L)
-      mask = attention_mask(t, t, cfg.window, ids, ids)
-      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attn_impl)
+      decode_impl = None if cfg.attn_impl == "splash" else cfg.attn_impl
+      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=decode_impl)
     else:
-      o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=cfg.attn_impl)
+      ids = None if ctx.packing is None else ctx.packing.reset_ids
+      impl = resolve_impl(cfg.attn_impl, cfg.backend, L)
+      # off a TPU (and not compiling for one: backend "tpu"), the kernel runs in interpret mode
+      interpret = cfg.backend != "tpu" and dispatch.platform() != "tpu"
+      if sharding.context_axis(L):
+        o = context_parallel_attention(q, k, v, ids, cfg.window, impl, interpret)
+      elif impl == "splash":  # a Pallas kernel: each device runs it on its own rows and heads
+        o = sharding.rows_heads_map(
+            functools.partial(splash_attention, window=cfg.window, interpret=interpret),
+            (q, k, v, ids), ("time",) * 4, k.shape[2])
+      else:
+        o = dot_product_attention(q, k, v, ids, cfg.window, impl)
     return self.o_proj(merge_heads(o)), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):

@@ -163,6 +163,7 @@ CHOICES: tuple[tuple[str, Any, Any], ...] = (
     ("model.dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
     ("model.param_dtype", _float_dtype, "a floating-point dtype name: float32, bfloat16 or float16"),
     ("model.backend", lambda v: v in dispatch.BACKENDS, f"one of {', '.join(dispatch.BACKENDS)}"),
+    ("model.attn_impl", lambda v: v in ("xla", "cudnn", "splash"), "one of xla, cudnn, splash"),
 )
 
 
@@ -177,13 +178,19 @@ def choice_errors(config, choices=CHOICES, prefix: str = "config.") -> list[str]
 
 
 def platform_errors(config) -> list[str]:
-  """An explicit Pallas backend of another platform than this host's (it fails after compiling)."""
+  """An explicit Pallas backend or attention kernel of another platform than this host's (it fails
+  after compiling, or runs in interpret mode)."""
   _, backend = _lookup(config, "model.backend")
+  _, attn_impl = _lookup(config, "model.attn_impl")
+  errors = []
   if backend in dispatch.PALLAS_BACKENDS and dispatch.platform() != backend:
-    return [f"config.model.backend={backend!r}: this host runs jax on {dispatch.platform()}, where "
-            f"the Pallas {backend} kernels cannot run; use 'auto' (this platform's kernels, else "
-            "xla) or 'xla'"]
-  return []
+    errors.append(f"config.model.backend={backend!r}: this host runs jax on {dispatch.platform()}, "
+                  f"where the Pallas {backend} kernels cannot run; use 'auto' (this platform's "
+                  "kernels, else xla) or 'xla'")
+  if attn_impl == "splash" and dispatch.platform() != "tpu":
+    errors.append(f"config.model.attn_impl='splash': a TPU kernel, and this host runs jax on "
+                  f"{dispatch.platform()}; leave it unset (a TPU takes splash by itself)")
+  return errors
 
 
 def _lookup(config, field: str):

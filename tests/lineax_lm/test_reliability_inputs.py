@@ -252,6 +252,8 @@ def test_warmup_longer_than_the_run_is_a_config_error():
     ("data.source", "mqr", "must be one of mqar, text, jsonl, parquet, tfds"),
     ("model.backend", "gpu", "this host runs jax on cpu, where the Pallas gpu kernels cannot run; "
                              "use 'auto'"),
+    ("model.attn_impl", "flash", "must be one of xla, cudnn, splash"),
+    ("model.attn_impl", "splash", "a TPU kernel, and this host runs jax on cpu; leave it unset"),
 ])
 def test_string_fields_out_of_their_choices_name_the_field(field, value, message):
   config = base_config()

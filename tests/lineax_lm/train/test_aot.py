@@ -7,9 +7,11 @@ from lineax_lm.train.config import base_config
 
 
 def tiny_step_config(**mesh):
-  """One HGRN layer (its TPU kernels in the step), hidden 32, MQAR of 64 tokens, plain logits."""
+  """An HGRN layer and an attention layer (their TPU kernels in the step: HGRN's and splash
+  attention), hidden 32, MQAR of 128 tokens, plain logits."""
   c = base_config()
-  c.model.update(dict(vocab_size=64, num_layers=1, hidden=32, heads=2, mixer="hgrn", backend="auto"))
+  c.model.update(dict(vocab_size=64, num_layers=2, hidden=32, heads=2, mixer="hgrn", attn_ratio="1:1",
+                      backend="auto"))
   c.data.mqar.vocab_size = 64
   c.data.update(dict(source="mqar", seq_len=128, global_batch_size=8))
   c.train.loss_chunk = 0
@@ -31,8 +33,11 @@ def test_a_mesh_that_does_not_divide_the_slice_names_both(capsys):
 
 @pytest.mark.tpu_aot
 def test_tiny_step_compiles_for_four_v5e_chips(capsys):
+  from lineax_lm.layers import attention
   config = tiny_step_config()
+  attention.splash_kernel.cache_clear()
   report = aot.check(config, "v5e-4")
+  assert attention.splash_kernel.cache_info().currsize == 1  # attention took the TPU kernel
   assert report.mesh == {"data": 2, "fsdp": 2, "context": 1, "tensor": 1} and report.chips == 4
   assert report.fits and 0 < report.hbm_bytes < report.chip.hbm_bytes
   assert report.flops > 6 * report.num_params * report.tokens_per_step / report.chips
