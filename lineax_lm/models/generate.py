@@ -161,20 +161,18 @@ def _generate_ragged(graphdef, state, tokens, lengths, rng, *, prefill, max_new_
   """tokens [B, T] (prompts left-aligned, T = padded prompt length + max_new_tokens), lengths [B]:
   the first `prefill` tokens of every row go through the chunk ops in one call; from there one
   token per step, the prompt's own token while a row is still inside its prompt, the sampled one
-  after it. Every row then sees exactly its own prompt (no padding enters a state)."""
+  after it. Every row then sees exactly its own prompt (no padding enters a state). Returns the
+  tokens and how many of them the model read (the last token written is never read)."""
   model = nnx.merge(graphdef, state)
   B, T = tokens.shape
   sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
   cache = model.init_cache(B, T)
-  logits, cache = model.step(tokens[:, :prefill], cache)
+  logits, cache = model.step(tokens[:, :prefill], cache, last_only=True)
   end = jnp.max(lengths) + max_new_tokens  # positions past it are never written
 
-  def cond(carry):
-    t, _, _, _, _, done = carry
-    return (t < end) & ~jnp.all(done)
-
-  def body(carry):
-    t, logits, cache, tokens, rng, done = carry
+  def pick(t, logits, tokens, rng, done):
+    """Token t of every row, written into `tokens`: the prompt's own while the row is inside its
+    prompt, else sampled from `logits` (the model's after token t - 1)."""
     rng, key = jax.random.split(rng)
     sampled = sample(logits, key)
     in_prompt = t < lengths
@@ -184,14 +182,22 @@ def _generate_ragged(graphdef, state, tokens, lengths, rng, *, prefill, max_new_
     if eos_id is not None:
       done = done | (~in_prompt & (token == eos_id))
     done = done | (t + 1 >= lengths + max_new_tokens)
-    tokens = lax.dynamic_update_index_in_dim(tokens, token, t, axis=1)
-    logits, cache = model.step(token[:, None], cache)
-    return t + 1, logits[:, -1], cache, tokens, rng, done
+    return lax.dynamic_update_index_in_dim(tokens, token, t, axis=1), token, rng, done
 
-  done = jnp.zeros((B,), bool)
-  carry = (jnp.asarray(prefill, jnp.int32), logits[:, -1], cache, tokens, rng, done)
-  t, _, _, tokens, _, _ = lax.while_loop(cond, body, carry)
-  return tokens, t
+  def cond(carry):
+    t, _, _, _, _, done = carry
+    return (t + 1 < end) & ~jnp.all(done)
+
+  def body(carry):  # the model reads token t, then token t + 1 is picked from its logits
+    t, token, cache, tokens, rng, done = carry
+    logits, cache = model.step(token[:, None], cache)
+    tokens, token, rng, done = pick(t + 1, logits[:, -1], tokens, rng, done)
+    return t + 1, token, cache, tokens, rng, done
+
+  t = jnp.asarray(prefill, jnp.int32)
+  tokens, token, rng, done = pick(t, logits[:, -1], tokens, rng, jnp.zeros((B,), bool))
+  _, _, cache, tokens, _, _ = lax.while_loop(cond, body, (t, token, cache, tokens, rng, done))
+  return tokens, cache["pos"]
 
 
 def _run_bucketed(model, prompts: list[list[int]], max_new_tokens: int, rng, *, temperature, top_k,

@@ -162,11 +162,12 @@ class HybridLM(nnx.Module):
     x, _ = self._forward(inputs, segment_ids, positions, None)
     return x, self._head().astype(x.dtype)
 
-  def step(self, inputs, cache):
+  def step(self, inputs, cache, last_only: bool = False):
     """Prefill (L > 1) or decode (L == 1) `inputs` [B, L] after the cache's `pos` tokens.
-    Returns (logits [B, L, vocab] float32, new cache)."""
+    Returns (logits [B, L, vocab] float32, new cache); `last_only`: the last position's logits
+    only, [B, 1, vocab] (a prefill that only samples the next token never forms the others)."""
     x, cache = self._forward(inputs, None, None, cache)
-    return self._logits(x), cache
+    return self._logits(x[:, -1:] if last_only else x), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):
     """Zero cache for `batch` sequences of up to `max_len` tokens: {"pos": int32 scalar,

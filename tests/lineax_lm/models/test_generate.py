@@ -1,0 +1,48 @@
+"""The work of generation's compiled program: the prefill forms only the logits it samples from, and
+the decode loop runs the model only on tokens whose successor it still has to pick."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lineax_lm.models import generate as generation
+from lineax_lm.models.hybrid import HybridLM
+from tests.lineax_lm.tiny import tiny_config, tokens
+
+VOCAB = 97  # a size no other dimension of the tiny model has, to find its logits in the HLO
+
+
+def _program(model, prompts, max_new_tokens):
+  """_generate_ragged's arguments for equal-length `prompts` [B, P], P a power of two (the whole
+  prompt prefilled)."""
+  B, P = prompts.shape
+  buffer = np.zeros((B, P + max_new_tokens), np.int32)
+  buffer[:, :P] = prompts
+  graphdef, state = nnx.split(model)
+  return (graphdef, state, jnp.asarray(buffer), jnp.full((B,), P, jnp.int32), jax.random.key(0)), dict(
+      prefill=P, max_new_tokens=max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None)
+
+
+def test_prefill_forms_the_last_logits_only():
+  model = HybridLM(tiny_config(vocab_size=VOCAB, attn_ratio="1:1"), nnx.Rngs(0))
+  x = jnp.asarray(tokens((2, 16), VOCAB))
+  full, _ = model.step(x, model.init_cache(2, 16))
+  last, cache = model.step(x, model.init_cache(2, 16), last_only=True)
+  assert last.shape == (2, 1, VOCAB) and int(cache["pos"]) == 16
+  np.testing.assert_allclose(last, full[:, -1:], rtol=1e-6, atol=1e-6)
+  args, static = _program(model, tokens((2, 16), VOCAB), 4)
+  hlo = generation._generate_ragged.lower(*args, **static).compile().as_text()
+  assert re.search(rf"f32\[2,(1,)?{VOCAB}\]", hlo)  # one position's logits, as the loop forms them
+  assert f"f32[2,16,{VOCAB}]" not in hlo, "the program forms the logits of every prompt position"
+
+
+def test_the_last_token_is_never_read():
+  model = HybridLM(tiny_config(vocab_size=VOCAB), nnx.Rngs(0))
+  prompts = tokens((2, 8), VOCAB)
+  for new in (1, 5):
+    args, static = _program(model, prompts, new)
+    out, read = generation._generate_ragged(*args, **static)
+    assert int(read) == 8 + new - 1  # the prompt and every generated token but the last
+    np.testing.assert_array_equal(out, generation.generate(model, prompts, new))
