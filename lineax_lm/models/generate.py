@@ -15,7 +15,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax import lax
 
 
@@ -57,9 +56,10 @@ def check_memory(needed: int, request: str):
 
 
 def _check_request(model, rows: int, width: int, max_new_tokens: int):
-  """Refuses a batch whose cache ([rows] sequences of `width` tokens) and token buffers cannot fit."""
-  from lineax_lm.models.cache import real_cache_bytes  # it imports the model, which imports this
-  cache = real_cache_bytes(model, width, rows)
+  """Refuses a batch whose cache ([rows] sequences of `width` tokens) and token buffers cannot fit.
+  The cache's size comes from the layer dimensions (HybridLM.cache_bytes, which equals the built
+  cache's), not from tracing init_cache: a request's host time stays off its time to first token."""
+  cache = rows * model.cache_bytes(width)["total"]
   check_memory(cache + 3 * rows * width * 4,  # the token buffers, int32
                f"generating max_new_tokens={max_new_tokens} for {rows} prompts (a cache of "
                f"{cache / 2**30:.1f} GiB for {width} tokens per row, plus the token buffers)")
@@ -154,16 +154,18 @@ def prefill_bucket(n: int) -> int:
   return 1 << (int(n).bit_length() - 1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prefill", "max_new_tokens", "temperature",
-                                             "top_k", "top_p", "eos_id"))
-def _generate_ragged(graphdef, state, tokens, lengths, rng, *, prefill, max_new_tokens, temperature,
-                     top_k, top_p, eos_id):
+@functools.partial(jax.jit, static_argnames=("prefill", "max_new_tokens", "temperature", "top_k",
+                                             "top_p", "eos_id"))
+def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, temperature, top_k,
+                     top_p, eos_id):
   """tokens [B, T] (prompts left-aligned, T = padded prompt length + max_new_tokens), lengths [B]:
   the first `prefill` tokens of every row go through the chunk ops in one call; from there one
   token per step, the prompt's own token while a row is still inside its prompt, the sampled one
   after it. Every row then sees exactly its own prompt (no padding enters a state). Returns the
-  tokens and how many of them the model read (the last token written is never read)."""
-  model = nnx.merge(graphdef, state)
+  tokens and how many of them the model read (the last token written is never read).
+
+  The model goes in as a pytree (an nnx.Module is one): flattening it costs less host time per
+  call than nnx.split, and jit's cache keys on its structure as it would on a split's graphdef."""
   B, T = tokens.shape
   sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
   cache = model.init_cache(B, T)
@@ -210,8 +212,7 @@ def _run_bucketed(model, prompts: list[list[int]], max_new_tokens: int, rng, *, 
   tokens = np.full((len(prompts), width), pad_id, np.int32)
   for row, p in zip(tokens, prompts):
     row[:len(p)] = p
-  graphdef, state = nnx.split(model)
-  out, _ = _generate_ragged(graphdef, state, jnp.asarray(tokens), jnp.asarray(lengths), rng,
+  out, _ = _generate_ragged(model, jnp.asarray(tokens), jnp.asarray(lengths), rng,
                             prefill=prefill_bucket(int(lengths.min())), max_new_tokens=int(max_new_tokens),
                             temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
   return np.array(out)

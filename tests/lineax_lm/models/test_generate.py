@@ -20,8 +20,7 @@ def _program(model, prompts, max_new_tokens):
   B, P = prompts.shape
   buffer = np.zeros((B, P + max_new_tokens), np.int32)
   buffer[:, :P] = prompts
-  graphdef, state = nnx.split(model)
-  return (graphdef, state, jnp.asarray(buffer), jnp.full((B,), P, jnp.int32), jax.random.key(0)), dict(
+  return (model, jnp.asarray(buffer), jnp.full((B,), P, jnp.int32), jax.random.key(0)), dict(
       prefill=P, max_new_tokens=max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None)
 
 
