@@ -30,7 +30,9 @@ from torch_kernels import busy_ms
 VOCAB, LAYERS, HIDDEN = 32000, 24, 1024
 
 
-def fla_gated_deltanet(seq: int):
+def fla_gated_deltanet(seq: int, **fields):
+  """fla's 340M Gated DeltaNet configuration (fla's GatedDeltaNetConfig `fields` override it, e.g.
+  `attn` for a hybrid)."""
   # fla refuses its gated backward kernels on Hopper with Triton < 3.7.1 (as benchmarks/fla_ops.py)
   try:
     import fla.ops.common.chunk_o as chunk_o
@@ -38,19 +40,20 @@ def fla_gated_deltanet(seq: int):
   except (ImportError, AttributeError):
     pass
   from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
-  config = GatedDeltaNetConfig(
+  config = GatedDeltaNetConfig(**{**dict(
       hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_heads=4, head_dim=256, expand_v=2.0,
       use_gate=True, use_short_conv=True, conv_size=4, hidden_ratio=4, norm_eps=1e-6,
-      vocab_size=VOCAB, tie_word_embeddings=False, max_position_embeddings=seq)
+      vocab_size=VOCAB, tie_word_embeddings=False, max_position_embeddings=seq), **fields})
   return GatedDeltaNetForCausalLM(config)
 
 
-def hf_llama(seq: int):
+def hf_llama(seq: int, **fields):
+  """A Llama of the Gated DeltaNet's depth and width (LlamaConfig `fields` override it)."""
   from transformers import LlamaConfig, LlamaForCausalLM
-  config = LlamaConfig(
+  config = LlamaConfig(**{**dict(
       vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2816, num_hidden_layers=LAYERS,
       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=seq,
-      tie_word_embeddings=False, attn_implementation="sdpa")  # RoPE theta: the default 10,000
+      tie_word_embeddings=False, attn_implementation="sdpa"), **fields})  # RoPE theta: 10,000
   return LlamaForCausalLM(config)
 
 

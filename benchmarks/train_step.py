@@ -187,9 +187,19 @@ FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_aut
 
 def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profile: int = 0,
               models: str | None = None, remat: bool = False) -> str:
-  """benchmarks/torch_train_step.py in a subprocess (at most `timeout` seconds) over Triton's cache
-  seeded from FLA_AUTOTUNE; the cache's autotune results afterwards go to out/fla_autotune.tgz."""
-  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_train_step.py")
+  """benchmarks/torch_train_step.py through run_torch_script: the path of its JSON."""
+  run_torch_script([sys.executable, "torch_train_step.py", "--out", out, "--batch", str(batch),
+                    "--seq", str(seq), "--steps", str(steps), "--profile", str(profile)]
+                   + (["--models", models] if models else []) + (["--remat"] if remat else []),
+                   out, timeout)
+  return os.path.join(out, "torch_train_step.json")
+
+
+def run_torch_script(command: list[str], out: str, timeout: float) -> None:
+  """command = [python, a torch script beside this file, its arguments...] in a subprocess (at
+  most `timeout` seconds) over Triton's cache seeded from FLA_AUTOTUNE; the cache's autotune
+  results afterwards go to out/fla_autotune.tgz."""
+  python, script, *args = command
   env = dict(os.environ)
   cache = env.get("TRITON_CACHE_DIR") or tempfile.mkdtemp(prefix="triton_cache_")
   env["TRITON_CACHE_DIR"] = cache
@@ -197,19 +207,16 @@ def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profil
     with tarfile.open(FLA_AUTOTUNE) as tar:
       tar.extractall(cache, filter="data")
   try:
-    subprocess.run([sys.executable, script, "--out", out, "--batch", str(batch), "--seq", str(seq),
-                    "--steps", str(steps), "--profile", str(profile)]
-                   + (["--models", models] if models else []) + (["--remat"] if remat else []),
+    subprocess.run([python, os.path.join(os.path.dirname(FLA_AUTOTUNE), script), *args],
                    check=False, env=env, timeout=timeout)
   except subprocess.TimeoutExpired:
-    print(f"torch_train_step.py stopped after {timeout:.0f} s (fla still autotuning?)", flush=True)
+    print(f"{script} stopped after {timeout:.0f} s (fla still autotuning?)", flush=True)
   tuned = [os.path.join(d, f) for d, _, files in os.walk(cache) for f in files
            if f.endswith(".autotune.json")]
   with tarfile.open(os.path.join(out, "fla_autotune.tgz"), "w:gz") as tar:
     for path in sorted(tuned):
       tar.add(path, arcname=os.path.relpath(path, cache))
   print(f"{len(tuned)} autotune results in {os.path.join(out, 'fla_autotune.tgz')}", flush=True)
-  return os.path.join(out, "torch_train_step.json")
 
 
 def run_each_in_process(a, specs: list[str]) -> list[dict]:
@@ -244,12 +251,7 @@ def define_flags(fv, argv: list[str]) -> None:
   flags.DEFINE_integer("loss_chunk", None, "tokens per chunk of the fused head + cross-entropy; "
                        f"0: plain float32 logits (default: {base_config().train.loss_chunk})",
                        lower_bound=0, flag_values=fv)
-  flags.DEFINE_string("torch", None, "torch_train_step.json to print beside ours", flag_values=fv)
-  flags.DEFINE_bool("run_torch", False, "run benchmarks/torch_train_step.py first", flag_values=fv)
-  flags.DEFINE_string("torch_models", None, "torch_train_step.py's --models (default: HF Llama, "
-                      "then fla's GatedDeltaNet)", flag_values=fv)
-  flags.DEFINE_float("torch_timeout", 900, "seconds --run_torch's subprocess may take (fla's "
-                     "autotuning included)", lower_bound=0, flag_values=fv)
+  define_torch_flags(fv, "torch_train_step", "HF Llama, then fla's GatedDeltaNet", 900)
   flags.DEFINE_integer("steps", 10, "steps timed", lower_bound=1, flag_values=fv)
   flags.DEFINE_string("dtype", "bfloat16", "activations", flag_values=fv)
   flags.DEFINE_string("remat", "none", "remat policy (lineax_lm.models.config.REMAT_POLICIES)",
@@ -267,6 +269,18 @@ def define_flags(fv, argv: list[str]) -> None:
       "base_config): --config.model.<field>=value overrides a ModelConfig field of every preset, "
       "e.g. --config.model.scan_layers=true; --config.mesh.*, --config.train.* as in training",
       flag_values=fv, sys_argv=argv)
+
+
+def define_torch_flags(fv, script: str, models: str, timeout: float) -> None:
+  """--torch, --run_torch, --torch_models and --torch_timeout of a benchmark whose torch side is
+  benchmarks/<script>.py (its --models default: `models`)."""
+  from absl import flags
+  flags.DEFINE_string("torch", None, f"{script}.json to print beside ours", flag_values=fv)
+  flags.DEFINE_bool("run_torch", False, f"run benchmarks/{script}.py first", flag_values=fv)
+  flags.DEFINE_string("torch_models", None, f"{script}.py's --models (default: {models})",
+                      flag_values=fv)
+  flags.DEFINE_float("torch_timeout", timeout, "seconds --run_torch's subprocess may take (fla's "
+                     "compilation and autotuning included)", lower_bound=0, flag_values=fv)
 
 
 def parse_args(argv=None) -> types.SimpleNamespace:
