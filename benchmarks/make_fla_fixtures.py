@@ -108,18 +108,30 @@ def fixtures() -> dict:
   return out
 
 
-def install_flash_attn_stand_in():
+def install_flash_attn_stand_in(exact: bool = True):
   """Registers a `flash_attn` module (this process only) whose flash_attn_func and
   flash_attn_varlen_func compute attention with torch's SDPA: q [B, Tq, H, D], k and v
   [B, Tk, Hkv, D] (query head h reads key/value head h // (H / Hkv)); causal masks align the last
   query with the last key, and window_size (left, right) keeps keys within left before and right
-  after each query (-1: unbounded), as flash_attn does."""
+  after each query (-1: unbounded), as flash_attn does.
+
+  exact: SDPA's math backend (the fixtures' float32 references). Otherwise, for timings, SDPA
+  picks its kernel (flash or memory-efficient), a mask that masks nothing is left out (a causal
+  square one becomes is_causal), and a varlen batch whose sequences share one length runs as one
+  batch rather than one call per sequence."""
   import torch
   import torch.nn.functional as F
   from torch.nn.attention import SDPBackend, sdpa_kernel
 
   def attend(q, k, v, softmax_scale, causal, window_size):
     tq, tk = q.shape[1], k.shape[1]
+    unbounded = window_size[0] < 0 and window_size[1] < 0
+    if not exact and unbounded and (not causal or tq == 1 or tq == tk):
+      # no mask (a single query's causal mask keeps every key), or the square causal one
+      o = F.scaled_dot_product_attention(
+          q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale,
+          is_causal=causal and tq > 1, enable_gqa=q.shape[2] != k.shape[2])
+      return o.transpose(1, 2)
     groups = q.shape[2] // k.shape[2]
     k, v = (t.repeat_interleave(groups, dim=2) for t in (k, v))
     q_pos = torch.arange(tk - tq, tk, device=q.device)[:, None]
@@ -151,6 +163,12 @@ def install_flash_attn_stand_in():
                              dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), **kwargs):
     unsupported({"dropout_p": dropout_p, **kwargs})
+    if not exact:
+      len_q, len_k = set(cu_seqlens_q.diff().tolist()), set(cu_seqlens_k.diff().tolist())
+      if len(len_q) == 1 and len(len_k) == 1:
+        batch = len(cu_seqlens_q) - 1
+        return attend(q.unflatten(0, (batch, -1)), k.unflatten(0, (batch, -1)),
+                      v.unflatten(0, (batch, -1)), softmax_scale, causal, window_size).flatten(0, 1)
     outs = []
     for i in range(len(cu_seqlens_q) - 1):
       sq, eq = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
@@ -168,10 +186,11 @@ def install_flash_attn_stand_in():
   sys.modules["flash_attn"] = module
 
 
-def import_fla(device: str = "cuda"):
-  """fla 0.6.0 with the flash_attn stand-in; exits with the reason when fla or torch is missing.
-  device "cpu": fla's Triton kernels under Triton's interpreter, each autotuned kernel on its first
-  config (the interpreter has no driver to time them with)."""
+def import_fla(device: str = "cuda", exact: bool = True):
+  """fla 0.6.0 with the flash_attn stand-in (`exact`: install_flash_attn_stand_in's); exits with
+  the reason when fla or torch is missing. device "cpu": fla's Triton kernels under Triton's
+  interpreter, each autotuned kernel on its first config (the interpreter has no driver to time
+  them with)."""
   if device == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
   try:
@@ -185,7 +204,7 @@ def import_fla(device: str = "cuda"):
       sys.exit("make_fla_fixtures.py --device cpu needs triton (pip install triton)")
     prune = autotuner.Autotuner.prune_configs
     autotuner.Autotuner.prune_configs = lambda self, kwargs: prune(self, kwargs)[:1]
-  install_flash_attn_stand_in()
+  install_flash_attn_stand_in(exact)
   try:
     import fla
     import fla.models  # noqa: F401  registers fla's configs and models with transformers' Auto*
