@@ -273,7 +273,7 @@ def main(argv=None):
   elif a.torch:
     print(f"no torch figures: {a.torch} was not written")
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              command="python3 benchmarks/generation.py " + " ".join(argv), commit=commit(),
+              command=shlex.join(["python3", "benchmarks/generation.py", *argv]), commit=commit(),
               device=f"{jax.devices()[0].device_kind} x {jax.device_count()}", jax=jax.__version__,
               torch=theirs.get("torch"), fla=theirs.get("fla"), torch_device=theirs.get("device"),
               prompt=a.prompt, new_tokens=a.new_tokens, dtype=a.dtype)
@@ -291,6 +291,11 @@ def commit() -> str:
                           check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
+
+
+def number(x: float) -> str:
+  """x with no decimals from 100 up, else with three significant digits."""
+  return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def table(rows: list[dict], meta: dict) -> str:
@@ -325,7 +330,7 @@ def table(rows: list[dict], meta: dict) -> str:
            "ms / step | generate s | first call s | TTFT new length s | TTFT same bucket s | "
            "peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    name = f"{r['model']} ({r.get('params_M', 0):.0f}M)" if "params_M" in r else r["model"]
+    name = f"{r['model']} ({number(r['params_M'])}M)" if "params_M" in r else r["model"]
     if "decode_tokens_per_s" not in r:
       error = r.get("error", "no figures")[:200]
       lines.append(f"| {name} | {r.get('batch', '-')} | error: {error} |")
@@ -335,7 +340,7 @@ def table(rows: list[dict], meta: dict) -> str:
     lines.append(
         f"| {name} | {r['batch']} | {r['prefill_s'] * 1e3:.1f} | "
         f"{ratio(r, fla, 'prefill_s', False)} | "
-        f"{r['decode_tokens_per_s']:.0f} | {ratio(r, fla, 'decode_tokens_per_s', True)} | "
+        f"{number(r['decode_tokens_per_s'])} | {ratio(r, fla, 'decode_tokens_per_s', True)} | "
         f"{ratio(r, llama, 'decode_tokens_per_s', True)} | {r['step_ms']:.2f} | "
         f"{r['generate_s']:.2f} | {seconds(r, 'first_call_s', 'compile_s')} | "
         f"{seconds(r, 'ttft_new_length_s', 'ttft_new_length_compile_s')} | "
