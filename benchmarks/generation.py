@@ -8,6 +8,8 @@ benchmarks/make_fla_fixtures.py says, with the wheels launch/h200_env.sh install
 
     python benchmarks/generation.py --presets gated_deltanet_340m_fla --batches 1 --new_tokens 64
     python benchmarks/generation.py --torch DIR/torch_generation.json   # torch figures run before
+    python benchmarks/generation.py --report --out DIR    # the table of a call stopped before it
+                                                          # (give it that call's flags)
     python benchmarks/generation.py --prompt 32 --new_tokens 8 --batches 1,2 --run_torch \\
         --torch_python /path/to/torch/python --config.model.num_layers=4 \\
         --config.model.hidden=64 --config.model.vocab_size=512    # end to end on a CPU, tiny
@@ -138,7 +140,8 @@ def run_preset(a, spec: str, path: str) -> list[dict]:
   prompts = {}
   for batch in a.batches:
     row = dict(model=spec, batch=batch, params_M=params, dtype=a.dtype, init_s=init_s,
-               attention_layers=len(model.config.attention_indices))
+               attention_layers=len(model.config.attention_indices), device=device(),
+               jax=jax.__version__)
     rows.append(row)
     prompts[batch] = rng.integers(0, vocab, (batch, a.prompt), dtype=np.int32)
     try:
@@ -162,7 +165,7 @@ def run_each_in_process(a) -> list[dict]:
   flags), at most --preset_timeout seconds: its rows, those written before a timeout included."""
   rows = []
   for spec in a.presets:
-    part = os.path.join(a.out, "generation." + spec.replace(":", "_") + ".json")
+    part = part_path(a.out, spec)
     if os.path.exists(part):
       os.remove(part)
     args = [sys.executable, os.path.abspath(__file__), f"--presets={spec}", f"--part={part}",
@@ -175,16 +178,29 @@ def run_each_in_process(a) -> list[dict]:
       why = "its process failed (its output is above)"
     except subprocess.TimeoutExpired:
       failed, why = True, f"stopped after --preset_timeout={a.preset_timeout:.0f} s"
-    found = []
-    if os.path.exists(part):
-      with open(part) as f:
-        found = json.load(f)
+    found = read_rows(part)
     if failed:
       found = found or [dict(model=spec)]
       for row in found:
         row.setdefault("error", why)
     rows += found
   return rows
+
+
+def part_path(out: str, spec: str) -> str:
+  """The rows file of preset `spec`'s process."""
+  return os.path.join(out, "generation." + spec.replace(":", "_") + ".json")
+
+
+def read_rows(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)
+
+
+def device() -> str:
+  return f"{jax.devices()[0].device_kind} x {jax.device_count()}"
 
 
 def define_flags(fv, argv: list[str]) -> None:
@@ -212,6 +228,8 @@ def define_flags(fv, argv: list[str]) -> None:
                       "that runs torch_generation.py", flag_values=fv)
   flags.DEFINE_string("out", os.path.join(os.environ.get("OUT", "."), "generation"),
                       "folder of the JSON and the table", flag_values=fv)
+  flags.DEFINE_bool("report", False, "run nothing: the table of the rows files a call left in "
+                    "--out (one stopped before its table)", flag_values=fv)
   flags.DEFINE_string("part", None, "(run_each_in_process) time the one preset of --presets in "
                       "this process and write its rows to this file", flag_values=fv)
   config_flags.DEFINE_config_dict(
@@ -257,14 +275,19 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   a = parse_args(argv)
   if a.part:
-    print(f"device: {jax.devices()[0].device_kind} x {jax.device_count()}, jax {jax.__version__}")
+    print(f"device: {device()}, jax {jax.__version__}")
     run_preset(a, a.presets[0], a.part)
     return
   os.makedirs(a.out, exist_ok=True)
-  if a.run_torch:  # before the first JAX device call: JAX then takes its share of the free memory
-    run_torch_script(torch_command(a), a.out, a.torch_timeout)
-    a.torch = os.path.join(a.out, "torch_generation.json")
-  rows = run_each_in_process(a)
+  torch_json = os.path.join(a.out, "torch_generation.json")
+  if a.report:
+    rows = [row for spec in a.presets for row in read_rows(part_path(a.out, spec))]
+    a.torch = a.torch or torch_json
+  else:
+    if a.run_torch:  # before JAX's first device call: JAX then takes its share of the free memory
+      run_torch_script(torch_command(a), a.out, a.torch_timeout)
+      a.torch = torch_json
+    rows = run_each_in_process(a)
   theirs = {}
   if a.torch and os.path.exists(a.torch):
     with open(a.torch) as f:
@@ -272,11 +295,12 @@ def main(argv=None):
     rows += theirs.get("rows", [])
   elif a.torch:
     print(f"no torch figures: {a.torch} was not written")
+  ours = next((r for r in rows if "device" in r), {})
   meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               command=shlex.join(["python3", "benchmarks/generation.py", *argv]), commit=commit(),
-              device=f"{jax.devices()[0].device_kind} x {jax.device_count()}", jax=jax.__version__,
-              torch=theirs.get("torch"), fla=theirs.get("fla"), torch_device=theirs.get("device"),
-              prompt=a.prompt, new_tokens=a.new_tokens, dtype=a.dtype)
+              device=ours.get("device"), jax=ours.get("jax"), torch=theirs.get("torch"),
+              fla=theirs.get("fla"), torch_device=theirs.get("device"), prompt=a.prompt,
+              new_tokens=a.new_tokens, dtype=a.dtype)
   with open(os.path.join(a.out, "generation.json"), "w") as f:
     json.dump(dict(meta, rows=rows), f, indent=1)
   text = table(rows, meta)
