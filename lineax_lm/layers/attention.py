@@ -20,7 +20,8 @@ token's tap 1, the others small), so the layer starts as plain attention.
 
 Cache of one layer: {"k": [B, S, Hkv, Dh], "v": [B, S, Hkv, Dh]} in the activation dtype, S = the
 maximum length, and with `use_short_conv` "conv": {"q", "k", "v": [B, conv_size - 1, C]} (the
-convolutions' last inputs); the model says where the new tokens go (`Context.cache_index`).
+convolutions' last inputs); the model says where the new tokens go (`Context.cache_index`; None:
+at the start of a fresh cache, a prompt that attends causally within itself).
 """
 from __future__ import annotations
 
@@ -211,23 +212,26 @@ class Attention(ShortConvs, nnx.Module):
       cache = {"k": lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx),
                "v": lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx),
                **({"conv": conv} if self.conv_names else {})}
-      k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
-      mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
-      decode_impl = None if cfg.attn_impl == "splash" else cfg.attn_impl
-      o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=decode_impl)
+      if ctx.cache_index is not None:  # after earlier tokens: attend over the cache's slots
+        k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
+        mask = attention_mask(start + jnp.arange(L), jnp.arange(k.shape[1]), cfg.window)
+        decode_impl = None if cfg.attn_impl == "splash" else cfg.attn_impl
+        o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=decode_impl)
+        return self.o_proj(merge_heads(o)), cache
+    # the whole sequence: training, or a prompt into a fresh cache (`cache_index` None), whose
+    # tokens see only each other: causal attention over them, never a mask over the cache's slots
+    ids = None if ctx.packing is None else ctx.packing.reset_ids
+    impl = resolve_impl(cfg.attn_impl, cfg.backend, L)
+    # off a TPU (and not compiling for one: backend "tpu"), the kernel runs in interpret mode
+    interpret = cfg.backend != "tpu" and dispatch.platform() != "tpu"
+    if cache is None and sharding.context_axis(L):
+      o = context_parallel_attention(q, k, v, ids, cfg.window, impl, interpret)
+    elif impl == "splash":  # a Pallas kernel: each device runs it on its own rows and heads
+      o = sharding.rows_heads_map(
+          functools.partial(splash_attention, window=cfg.window, interpret=interpret),
+          (q, k, v, ids), ("time",) * 4, k.shape[2])
     else:
-      ids = None if ctx.packing is None else ctx.packing.reset_ids
-      impl = resolve_impl(cfg.attn_impl, cfg.backend, L)
-      # off a TPU (and not compiling for one: backend "tpu"), the kernel runs in interpret mode
-      interpret = cfg.backend != "tpu" and dispatch.platform() != "tpu"
-      if sharding.context_axis(L):
-        o = context_parallel_attention(q, k, v, ids, cfg.window, impl, interpret)
-      elif impl == "splash":  # a Pallas kernel: each device runs it on its own rows and heads
-        o = sharding.rows_heads_map(
-            functools.partial(splash_attention, window=cfg.window, interpret=interpret),
-            (q, k, v, ids), ("time",) * 4, k.shape[2])
-      else:
-        o = dot_product_attention(q, k, v, ids, cfg.window, impl)
+      o = dot_product_attention(q, k, v, ids, cfg.window, impl)
     return self.o_proj(merge_heads(o)), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):

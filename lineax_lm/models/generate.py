@@ -169,7 +169,7 @@ def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, te
   B, T = tokens.shape
   sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
   cache = model.init_cache(B, T)
-  logits, cache = model.step(tokens[:, :prefill], cache, last_only=True)
+  logits, cache = model.step(tokens[:, :prefill], cache, last_only=True, fresh=True)
   end = jnp.max(lengths) + max_new_tokens  # positions past it are never written
 
   def pick(t, logits, tokens, rng, done):

@@ -162,11 +162,13 @@ class HybridLM(nnx.Module):
     x, _ = self._forward(inputs, segment_ids, positions, None)
     return x, self._head().astype(x.dtype)
 
-  def step(self, inputs, cache, last_only: bool = False):
+  def step(self, inputs, cache, last_only: bool = False, fresh: bool = False):
     """Prefill (L > 1) or decode (L == 1) `inputs` [B, L] after the cache's `pos` tokens.
     Returns (logits [B, L, vocab] float32, new cache); `last_only`: the last position's logits
-    only, [B, 1, vocab] (a prefill that only samples the next token never forms the others)."""
-    x, cache = self._forward(inputs, None, None, cache)
+    only, [B, 1, vocab] (a prefill that only samples the next token never forms the others);
+    `fresh`: the cache is `init_cache`'s, no token in it yet, so the prompt's attention is causal
+    within the prompt (the flash kernels) instead of masked over every slot of the cache."""
+    x, cache = self._forward(inputs, None, None, cache, fresh)
     return self._logits(x[:, -1:] if last_only else x), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):
@@ -214,7 +216,7 @@ class HybridLM(nnx.Module):
     return jnp.einsum("bld,dv->blv", x, self._head().astype(x.dtype),
                       preferred_element_type=jnp.float32)
 
-  def _forward(self, inputs, segment_ids, positions, cache):
+  def _forward(self, inputs, segment_ids, positions, cache, fresh: bool = False):
     """-> (final normalised hidden states [B, L, D], new cache or None)."""
     config = self.config
     if inputs.ndim != 2:
@@ -227,7 +229,7 @@ class HybridLM(nnx.Module):
                          f"got {segment_ids.shape}")
       packing, seg_positions, overflow = make_packing(segment_ids, config.max_segments)
       positions = seg_positions if positions is None else positions
-    start = None if cache is None else cache["pos"]
+    start = None if cache is None or fresh else cache["pos"]  # None: from position 0
     if positions is None:
       positions = jnp.arange(L, dtype=jnp.int32) + (0 if start is None else start)
     ctx = Context(jnp.broadcast_to(positions, (B, L)).astype(jnp.int32), packing, start)

@@ -1,5 +1,6 @@
-"""The work of generation's compiled program: the prefill forms only the logits it samples from, and
-the decode loop runs the model only on tokens whose successor it still has to pick."""
+"""The work of generation's compiled program: the prefill forms only the logits it samples from, its
+attention is causal within the prompt (not masked over the whole cache), and the decode loop runs
+the model only on tokens whose successor it still has to pick."""
 import re
 
 import jax
@@ -45,3 +46,16 @@ def test_the_last_token_is_never_read():
     out, read = generation._generate_ragged(*args, **static)
     assert int(read) == 8 + new - 1  # the prompt and every generated token but the last
     np.testing.assert_array_equal(out, generation.generate(model, prompts, new))
+
+
+def test_a_prompt_into_a_fresh_cache_attends_within_itself():
+  """`step(fresh=True)`: the same logits and cache as attending over every slot of the cache, and
+  no [P, S] score tensor over the cache's S slots in the program."""
+  model = HybridLM(tiny_config(vocab_size=VOCAB, attn_ratio="1:1", window=5), nnx.Rngs(0))
+  x = jnp.asarray(tokens((2, 16), VOCAB))
+  over_cache = model.step(x, model.init_cache(2, 48))
+  fresh = model.step(x, model.init_cache(2, 48), fresh=True)
+  for a, b in zip(jax.tree_util.tree_leaves(over_cache), jax.tree_util.tree_leaves(fresh)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  hlo = jax.jit(lambda m, x, c: m.step(x, c, fresh=True)).lower(model, x, model.init_cache(2, 48)).as_text()
+  assert not re.search(r"x16x48x", hlo), "the prompt's scores span the cache's 48 slots"
