@@ -40,7 +40,7 @@ def test_tiny_step_compiles_for_four_v5e_chips(capsys):
   assert attention.splash_kernel.cache_info().currsize == 1  # attention took the TPU kernel
   assert report.mesh == {"data": 2, "fsdp": 2, "context": 1, "tensor": 1} and report.chips == 4
   assert report.fits and 0 < report.hbm_bytes < report.chip.hbm_bytes
-  assert report.flops > 6 * report.num_params * report.tokens_per_step / report.chips
+  assert 0.9 < report.flops / report.model_flops < 1.5  # 6 N plus attention, less the gathers
   assert 0 < report.mfu < 1
   # a chip with one byte of HBM: the same step does not fit, and the error says where and what
   small = aot.Report(**{**report.__dict__, "chip": aot.Chip("TPU tiny", 1e12, 1, 1e9, 1)})
