@@ -26,12 +26,15 @@ class HGRNConfig(MixerConfig):
 
 def lower_bounded(f_logits, lower_bound):
   """log of a forget gate lb + (1 - lb) * sigmoid(f_logits), in float32 (None: no bound; the model
-  passes None to its first layer, whose bound is 0)."""
+  passes None to its first layer, whose bound is 0, or 0 itself when its layers run as a scan).
+  A bound of exactly 0 gives log sigmoid(f_logits) with finite gradients (log 0 is kept out of the
+  differentiated path: its infinite derivative times a zero tangent would be NaN)."""
   f = jax.nn.log_sigmoid(f_logits.astype(F32))
   if lower_bound is None:
     return f
   lb = lower_bound.astype(F32)
-  return jnp.minimum(jnp.logaddexp(jnp.log(lb), jnp.log1p(-lb) + f), 0.0)  # rounding can exceed 0
+  log_lb = jnp.where(lb > 0, jnp.log(jnp.where(lb > 0, lb, 1.0)), -jnp.inf)
+  return jnp.minimum(jnp.logaddexp(log_lb, jnp.log1p(-lb) + f), 0.0)  # rounding can exceed 0
 
 
 class HGRN(LinearMixer):

@@ -46,14 +46,15 @@ def _linear_dtypes(module: nnx.Module) -> dict:
   return dtypes
 
 
-def scan_blocks(fn, blocks: list, period: int, x, *args, remat: str | None = None):
+def scan_blocks(fn, blocks: list, period: int, x, *args, per_layer=None, remat: str | None = None):
   """x through fn(block, x, *args) -> x for each of `blocks` in turn, as one lax.scan over the
   repeats of a pattern of `period` blocks (1 for a pure model, 4 at "3:1"): XLA compiles the
   pattern once instead of once per layer. The per-layer parameters are stacked along a new leading
   axis inside the step (the parameter tree, and so checkpoints, are unchanged), the Linear weights
   already in their compute dtype (the cast they get anyway, before a copy of half the size); the
-  gradients flow back through the stack into each layer's own leaves. fn: a module-level function,
-  as for `call_shared`."""
+  gradients flow back through the stack into each layer's own leaves. `per_layer`: an array
+  [len(blocks), ...] whose row i is passed to block i as fn's last argument (HGRN's lower bounds).
+  fn: a module-level function, as for `call_shared`."""
   repeats = len(blocks) // period
   graphdefs, stacked = [], []
   for j in range(period):
@@ -63,9 +64,13 @@ def scan_blocks(fn, blocks: list, period: int, x, *args, remat: str | None = Non
               for r in range(repeats)]
     stacked.append({path: jnp.stack([layer[path].astype(dtypes.get(path, layer[path].dtype))
                                      for layer in layers]) for path in layers[0]})
+  rows = None if per_layer is None else per_layer.reshape(repeats, period, *per_layer.shape[1:])
 
-  def body(x, params):
+  def body(x, xs):
+    params, layer_rows = xs
     for j in range(period):
-      x = _pure_call(fn, graphdefs[j], remat, traverse_util.unflatten_dict(params[j]), x, *args)
+      extra = () if layer_rows is None else (layer_rows[j],)
+      x = _pure_call(fn, graphdefs[j], remat, traverse_util.unflatten_dict(params[j]), x, *args,
+                     *extra)
     return x, None
-  return lax.scan(body, x, stacked)[0]
+  return lax.scan(body, x, (stacked, rows))[0]

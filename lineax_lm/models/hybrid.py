@@ -124,8 +124,8 @@ def _block_forward(block, x, cache, ctx, lower_bound):
   return block(x, cache, ctx, lower_bound)
 
 
-def _block_training_forward(block, x, ctx):
-  return block(x, None, ctx)[0]
+def _block_training_forward(block, x, ctx, lower_bound=None):
+  return block(x, None, ctx, lower_bound)[0]
 
 
 class HybridLM(nnx.Module):
@@ -190,18 +190,25 @@ class HybridLM(nnx.Module):
     """See lineax_lm.models.generate.generate."""
     return generation.generate(self, prompt_ids, max_new_tokens, **sampling)
 
-  def _lower_bounds(self):
+  def _lower_bound_rows(self):
+    """HGRN's per-layer forget-gate lower bounds [num_layers, width], rising with depth from exactly
+    0 at layer 0; None for models without them."""
     if self.lower_bounds is None:
-      return [None] * len(self.blocks)
+      return None
     lb = jax.nn.softmax(self.lower_bounds[...].astype(jnp.float32), axis=0)
-    lb = jnp.cumsum(lb, axis=0) - lb[0]
-    return [None] + [lb[i] for i in range(1, len(self.blocks))]  # layer 0's bound is 0: none
+    return jnp.cumsum(lb, axis=0) - lb[0]
+
+  def _lower_bounds(self):
+    rows = self._lower_bound_rows()
+    if rows is None:
+      return [None] * len(self.blocks)
+    return [None] + [rows[i] for i in range(1, len(self.blocks))]  # layer 0's bound is 0: none
 
   def _scan_period(self):
     """The number of blocks per repeat of the layer pattern when the forward can scan over the
-    repeats (config.scan_layers, at least two repeats, no per-layer lower bounds), else None."""
+    repeats (config.scan_layers, at least two repeats), else None."""
     kinds = [b.is_attention for b in self.blocks]
-    if not self.config.scan_layers or self.lower_bounds is not None:
+    if not self.config.scan_layers:
       return None
     n = len(kinds)
     for period in range(1, n // 2 + 1):
@@ -241,7 +248,8 @@ class HybridLM(nnx.Module):
     layer_caches = []
     period = self._scan_period() if cache is None else None
     if period is not None:
-      x = scan_blocks(_block_training_forward, list(self.blocks), period, x, ctx, remat=remat)
+      x = scan_blocks(_block_training_forward, list(self.blocks), period, x, ctx,
+                      per_layer=self._lower_bound_rows(), remat=remat)
     else:
       for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
         x, layer_cache = call_shared(_block_forward, block, x,

@@ -125,14 +125,16 @@ def test_remat_gives_the_same_gradients():
 
 
 @pytest.mark.slow
-def test_scanned_layers_equal_the_unrolled_loop():
-  """The training forward scans over repeats of the layer pattern (here a GDN and an attention
-  block at 1:1): same loss and parameter gradients as the per-layer loop, and the same parameter
-  tree. float32: at this size bf16 rounding alone moves the gradients by ~20% (either way)."""
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "hgrn2"])
+def test_scanned_layers_equal_the_unrolled_loop(mixer):
+  """The training forward scans over repeats of the layer pattern (here a linear and an attention
+  block at 1:1; HGRN-2's per-layer lower bounds ride along the scan): same loss and parameter
+  gradients as the per-layer loop, and the same parameter tree. float32: at this size bf16
+  rounding alone moves the gradients by ~20% (either way)."""
   x = jnp.asarray(tokens((2, 8)))
   outs, grads = [], []
   for scan in (False, True):
-    model = HybridLM(tiny_config(num_layers=4, attn_ratio="1:1", scan_layers=scan), nnx.Rngs(0))
+    model = HybridLM(tiny_config(mixer, num_layers=4, attn_ratio="1:1", scan_layers=scan), nnx.Rngs(0))
     assert (model._scan_period() is not None) == scan
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
