@@ -7,10 +7,10 @@
 #      TEST_WORKERS pytest-xdist processes for the tests (default 8: each test compiles its own
 #      kernels on the host CPU, ~9 s a test, 178 tests; the GPU is shared, not preallocated)
 #      T_TESTS, T_OPS, T_FLA: time limits in seconds.
-# fla needs .fla/ with the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0 (git-ignored;
-# `pip download --no-deps` them). fla autotunes every kernel on a fresh machine (minutes per op
-# family); Triton's choices come back as $OUT/fla_autotune.tgz: put that file in .fla/ and the next
-# call starts from them.
+# Carry [".whl"]: fla needs the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0 in .whl/
+# (git-ignored; `pip download --no-deps` them). fla autotunes every kernel on a fresh machine
+# (minutes per op family): the call starts from benchmarks/fla_autotune_h200.tgz, and Triton's
+# choices come back as $OUT/fla_autotune.tgz: copy that over the archive to keep them.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
@@ -32,9 +32,10 @@ fi
 timeout "${T_OPS:-300}" python3 -m pallas_kernels.bench --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
 grep -v "^ *File\|^    \|^Traceback\|^---\|^For simplicity\|^|" "$OUT/ops.log" | grep -v "^$" | tail -n 6
 if [ -n "${FLA_OPS-gated_delta_rule}" ]; then
-  python3 -m pip install -q --no-deps --target /tmp/site .fla/*.whl >/dev/null 2>&1 || echo "fla install failed"
+  python3 -m pip install -q --no-deps --target /tmp/site .whl/flash_linear_attention-0.6.0-*.whl \
+    .whl/fla_core-0.6.0-*.whl >/dev/null 2>&1 || echo "fla install failed"
   export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .fla/fla_autotune.tgz ] && tar xzf .fla/fla_autotune.tgz -C "$TRITON_CACHE_DIR"
+  tar xzf benchmarks/fla_autotune_h200.tgz -C "$TRITON_CACHE_DIR"
   PYTHONPATH=/tmp/site timeout "${T_FLA:-300}" python3 benchmarks/fla_ops.py --out "$OUT" \
     --ops "${FLA_OPS-gated_delta_rule}" --shapes "${FLA_SHAPES:-4x4096,8x8192}" > "$OUT/fla_ops.log" 2>&1 \
     || echo "fla_ops rc=$?"
