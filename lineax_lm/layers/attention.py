@@ -205,7 +205,7 @@ class Attention(ShortConvs, nnx.Module):
     v = split_heads(v, self.head_dim)
     L = x.shape[1]
     if cache is not None:
-      if ctx.packing is not None:
+      if ctx.packing is not None and ctx.cache_index is not None:
         raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
       start = jnp.zeros((), jnp.int32) if ctx.cache_index is None else ctx.cache_index
       idx = (0, start, 0, 0)
@@ -219,8 +219,11 @@ class Attention(ShortConvs, nnx.Module):
         o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=decode_impl)
         return self.o_proj(merge_heads(o)), cache
     # the whole sequence: training, or a prompt into a fresh cache (`cache_index` None), whose
-    # tokens see only each other: causal attention over them, never a mask over the cache's slots
-    ids = None if ctx.packing is None else ctx.packing.reset_ids
+    # tokens see only each other: causal attention over them, never a mask over the cache's slots.
+    # A prompt padded to a compiled width (packed, with a cache) needs no mask between its
+    # sequences: the padding follows the prompt, and decoding overwrites its slots (from the
+    # prompt's length on) before its causal mask reaches them.
+    ids = None if ctx.packing is None or cache is not None else ctx.packing.reset_ids
     impl = resolve_impl(cfg.attn_impl, cfg.backend, L)
     # off a TPU (and not compiling for one: backend "tpu"), the kernel runs in interpret mode
     interpret = cfg.backend != "tpu" and dispatch.platform() != "tpu"

@@ -178,11 +178,15 @@ class GroupNorm(nnx.Module):
 
 # ------------------------------------------------------------------------------ packed sequences
 class Packing(NamedTuple):
-  """Packed rows (several sequences per row), derived once per batch from `segment_ids`.
+  """Packed rows (several sequences per row), derived once per batch from `segment_ids`, or a
+  prompt padded to a compiled width (`prompt_packing`: the prompt, then its padding).
 
   cu_seqlens: int32 [B, N + 1] offsets of the sequences within each row, padded with L (empty
     sequences) up to a static N.
   reset_ids: int32 [B, L] index of the sequence each token belongs to (unique across the batch).
+
+  With a cache, the cache continues each row's first sequence and the later ones are a prefill's
+  padding: no state or convolution input of theirs enters the new cache (run_op, causal_taps).
   """
   cu_seqlens: jax.Array
   reset_ids: jax.Array
@@ -201,20 +205,29 @@ def causal_taps(x, width: int, state=None, reset_ids=None):
 
   x: [B, L, C]; state: [B, width - 1, C], the inputs before x (decode / prefill continuation);
   reset_ids: [B, L] segment ids, a tap never crosses a change of id. Returns (taps, new_state) with
-  new_state [B, width - 1, C] the last width - 1 inputs.
+  new_state [B, width - 1, C] the last width - 1 inputs; with both `state` and `reset_ids`, the
+  inputs before x continue each row's first segment, and new_state is the last width - 1 inputs of
+  that segment (Packing: the later segments are padding).
   """
   B, L, C = x.shape
   prev = jnp.zeros((B, width - 1, C), x.dtype) if state is None else state.astype(x.dtype)
   xx = jnp.concatenate([prev, x], axis=1)
+  if reset_ids is not None:
+    # the ids of xx: the inputs before x (zeros without a state) continue the first segment
+    ids = jnp.concatenate([jnp.broadcast_to(reset_ids[:, :1], (B, width - 1)), reset_ids], axis=1)
   taps = []
   for s in range(width):
     tap = xx[:, width - 1 - s: width - 1 - s + L]
     if reset_ids is not None and s > 0:
-      n = min(s, L)
-      same = jnp.concatenate([jnp.zeros((B, n), bool), reset_ids[:, n:] == reset_ids[:, :L - n]], 1)
+      same = ids[:, width - 1 - s: width - 1 - s + L] == reset_ids
       tap = jnp.where(same[..., None], tap, 0)
     taps.append(tap)
-  return taps, xx[:, L:]
+  if state is None or reset_ids is None:
+    return taps, xx[:, L:]
+  # the first segment's last width - 1 inputs: xx[n: n + width - 1], n the segment's length
+  first_length = jnp.sum(reset_ids == reset_ids[:, :1], axis=1)
+  last_inputs = jax.vmap(lambda row, n: lax.dynamic_slice_in_dim(row, n, width - 1))
+  return taps, last_inputs(xx, first_length)
 
 
 class ShortConv(nnx.Module):
@@ -328,6 +341,15 @@ def cu_seqlens_from_starts(starts, n: int):
   return jnp.concatenate([offsets, jnp.array([T])]).astype(jnp.int32)
 
 
+def prompt_packing(length, batch: int, width: int) -> Packing:
+  """The Packing of `batch` rows of `width` tokens whose first `length` (an int32 scalar) are a
+  prompt and the rest its padding: two sequences a row, ids unique across the batch."""
+  length = jnp.asarray(length, jnp.int32)
+  cu_seqlens = jnp.broadcast_to(jnp.stack([0, length, width]).astype(jnp.int32), (batch, 3))
+  padding = (jnp.arange(width, dtype=jnp.int32) >= length).astype(jnp.int32)
+  return Packing(cu_seqlens, 2 * jnp.arange(batch, dtype=jnp.int32)[:, None] + padding)
+
+
 def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = False, packing=None,
            **kwargs):
   """Calls a pallas_kernels op on time-major args ([B, L, ...] arrays).
@@ -336,15 +358,16 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   `state`, returning the final state. Decode (`decode` True): the fused_recurrent op from `state`.
   Packed rows: each row runs as a B == 1 op call with its own `packing.cu_seqlens` (vmapped over the
   rows), so the state resets at every sequence boundary. Rows stay independent: flattening the batch
-  into one row would make the sequential pass over chunks B times longer. Array keyword arguments
-  are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state or None).
+  into one row would make the sequential pass over chunks B times longer. Packed rows with a state
+  (a prompt padded to a compiled width, Packing): the row's state starts its first sequence, the
+  later ones (the padding) start from zeros, and the final state is its first sequence's. Array
+  keyword arguments are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state
+  or None).
 
   Under a mesh with the training axes, the op runs inside `jax.shard_map` (`sharding.shard_op`);
   when that mesh splits T over `context` (training only), the chunk op gets `context_axis` and
   each row's global cu_seqlens.
   """
-  if packing is not None and state is not None:
-    raise ValueError("packed inputs (`segment_ids`) cannot be combined with a decode cache")
   fn = recurrent_fn if decode else chunk_fn
   arrays = {n: v for n, v in kwargs.items() if isinstance(v, jax.Array)}
   static = {n: v for n, v in kwargs.items() if n not in arrays}
@@ -356,10 +379,14 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
       return fn(*args, initial_state=state, output_final_state=state is not None, **arrays, **static,
                 **split)
 
-    def row(row_args, row_cu):
-      o, _ = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, **arrays, **static, **split)
-      return o[0]
-    return jax.vmap(row)(args, cu_seqlens), None
+    def row(row_args, row_cu, row_state):
+      # the op's state has one entry per sequence of the row: the row's own for the first
+      first = None if row_state is None else jax.tree.map(
+          lambda s: jnp.zeros((row_cu.shape[0] - 1, *s.shape), s.dtype).at[0].set(s), row_state)
+      o, final = fn(*(a[None] for a in row_args), cu_seqlens=row_cu, initial_state=first,
+                    output_final_state=row_state is not None, **arrays, **static, **split)
+      return o[0], None if row_state is None else jax.tree.map(lambda s: s[0], final)
+    return jax.vmap(row)(args, cu_seqlens, state)
 
   cu_seqlens = None if packing is None else packing.cu_seqlens
   return sharding.shard_op(call, args, state, arrays, cu_seqlens)
