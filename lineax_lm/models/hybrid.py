@@ -31,7 +31,8 @@ from jax import lax
 
 from lineax_lm.layers import Context, Packing, RMSNorm, SwiGLU, build_mixer
 from lineax_lm.layers.channel_mix import RWKV6ChannelMix
-from lineax_lm.layers.common import LayerNorm, cu_seqlens_from_starts, param, recomputed_between_dots
+from lineax_lm.layers.common import (LayerNorm, cu_seqlens_from_starts, param, prompt_packing,
+                                     recomputed_between_dots)
 from lineax_lm.models import generate as generation
 from lineax_lm.models.compile import call_shared, scan_blocks
 from lineax_lm.models.config import ModelConfig
@@ -162,14 +163,25 @@ class HybridLM(nnx.Module):
     x, _ = self._forward(inputs, segment_ids, positions, None)
     return x, self._head().astype(x.dtype)
 
-  def step(self, inputs, cache, last_only: bool = False, fresh: bool = False):
+  def step(self, inputs, cache, last_only: bool = False, fresh: bool = False, length=None):
     """Prefill (L > 1) or decode (L == 1) `inputs` [B, L] after the cache's `pos` tokens.
     Returns (logits [B, L, vocab] float32, new cache); `last_only`: the last position's logits
     only, [B, 1, vocab] (a prefill that only samples the next token never forms the others);
     `fresh`: the cache is `init_cache`'s, no token in it yet, so the prompt's attention is causal
-    within the prompt (the flash kernels) instead of masked over every slot of the cache."""
-    x, cache = self._forward(inputs, None, None, cache, fresh)
-    return self._logits(x[:, -1:] if last_only else x), cache
+    within the prompt (the flash kernels) instead of masked over every slot of the cache.
+
+    `length` (with `fresh`; an int32 scalar, traced or not, 1 <= length <= L): only the first
+    `length` tokens of every row are the prompt, the rest pads it to a compiled width L, so that
+    prompts of any length up to L share one program. The new cache then holds the prompt alone
+    (pos = length; attention slots from `length` on are overwritten by the decode steps before
+    they are read) and `last_only` gives the logits at position length - 1."""
+    if length is not None and not fresh:
+      raise ValueError("`length` pads a prompt into a fresh cache: it needs fresh=True")
+    x, cache = self._forward(inputs, None, None, cache, fresh, length)
+    if not last_only:
+      return self._logits(x), cache
+    last = x[:, -1:] if length is None else lax.dynamic_slice_in_dim(x, length - 1, 1, axis=1)
+    return self._logits(last), cache
 
   def init_cache(self, batch: int, max_len: int, dtype=None):
     """Zero cache for `batch` sequences of up to `max_len` tokens: {"pos": int32 scalar,
@@ -223,8 +235,8 @@ class HybridLM(nnx.Module):
     return jnp.einsum("bld,dv->blv", x, self._head().astype(x.dtype),
                       preferred_element_type=jnp.float32)
 
-  def _forward(self, inputs, segment_ids, positions, cache, fresh: bool = False):
-    """-> (final normalised hidden states [B, L, D], new cache or None)."""
+  def _forward(self, inputs, segment_ids, positions, cache, fresh: bool = False, length=None):
+    """-> (final normalised hidden states [B, L, D], new cache or None); `length`: step's."""
     config = self.config
     if inputs.ndim != 2:
       raise ValueError(f"`inputs` must be [B, L] token ids; got shape {inputs.shape}")
@@ -236,6 +248,8 @@ class HybridLM(nnx.Module):
                          f"got {segment_ids.shape}")
       packing, seg_positions, overflow = make_packing(segment_ids, config.max_segments)
       positions = seg_positions if positions is None else positions
+    if length is not None:  # each row: the prompt, then its padding (Packing)
+      packing = prompt_packing(length, B, L)
     start = None if cache is None or fresh else cache["pos"]  # None: from position 0
     if positions is None:
       positions = jnp.arange(L, dtype=jnp.int32) + (0 if start is None else start)
@@ -259,7 +273,8 @@ class HybridLM(nnx.Module):
     x = self.norm(x)
     if overflow is not None:  # NaN reaches the logits (and any loss on them) through the head
       x = jnp.where(overflow, jnp.nan, x)
-    new_cache = None if cache is None else {"pos": cache["pos"] + L, "layers": layer_caches}
+    read = L if length is None else jnp.asarray(length, jnp.int32)
+    new_cache = None if cache is None else {"pos": cache["pos"] + read, "layers": layer_caches}
     return x, new_cache
 
 

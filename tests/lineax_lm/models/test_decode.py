@@ -1,7 +1,10 @@
 """Prefill (chunk ops) + token-by-token decode (fused_recurrent ops) reproduces the full-sequence
 logits for every mixer, for a 3:1 hybrid and for RWKV-6 blocks."""
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -60,3 +63,59 @@ def test_decode_matches_full_forward_rwkv6_blocks_3to1():
 
 def test_decode_matches_full_forward_attention_with_short_convolutions():
   decode_matches_full(tiny_config("transformer", attn_short_conv=True))
+
+
+WIDTH = 16  # the compiled width a prompt is padded to
+
+
+@jax.jit
+def _padded_prefill(model, x, follow, n):
+  """step(fresh, length=n) on x [B, WIDTH]: the logits at n - 1, the cache, and one decode step of
+  `follow` [B, 1] from that cache (whose attention overwrites slot n before reading it)."""
+  logits, cache = model.step(x, model.init_cache(B, L), last_only=True, fresh=True, length=n)
+  return logits, cache, model.step(follow, cache)[0]
+
+
+@functools.partial(jax.jit, static_argnames="n")
+def _prompt_alone(model, x, follow, n):
+  logits, cache = model.step(x[:, :n], model.init_cache(B, L), last_only=True, fresh=True)
+  return logits, cache, model.step(follow, cache)[0]
+
+
+def padded_prefill_matches(config, lengths=(2, 9, WIDTH)):
+  """A prompt of n tokens padded to WIDTH: the same logits, cache (attention slots < n) and next
+  step as the prompt alone, for n below the convolutions' width, inside WIDTH and equal to it."""
+  model = HybridLM(config, nnx.Rngs(0))
+  x, follow = jnp.asarray(tokens((B, WIDTH))), jnp.asarray(tokens((B, 1), seed=1))
+  for n in lengths:
+    padded = _padded_prefill(model, x, follow, jnp.int32(n))
+    alone = _prompt_alone(model, x, follow, n)
+    assert float(jnp.std(alone[0])) > 0.1
+    assert int(padded[1]["pos"]) == n
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(alone),
+                                 jax.tree_util.tree_leaves(padded)):
+      if jax.tree_util.keystr(path[-1:]) in ("['k']", "['v']"):  # attention slots: the prompt's
+        want, got = want[:, :n], got[:, :n]
+      # float32 on CPU: the chunk ops over the prompt as one of a row's sequences or as the row
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
+                                 err_msg=f"length {n}: {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("mixer", [m if m == "gated_deltanet" else
+                                   pytest.param(m, marks=pytest.mark.slow)
+                                   for m in LINEAR_MIXERS])
+def test_a_padded_prompt_prefills_as_the_prompt_alone(mixer):
+  """Every linear mixer (with its short convolutions where it has them) beside an attention layer
+  with short convolutions: 1:1, both kinds of layer in one model."""
+  padded_prefill_matches(tiny_config(mixer, attn_ratio="1:1", attn_short_conv=True))
+
+
+def test_a_padded_prompt_prefills_as_the_prompt_alone_rwkv6_blocks():
+  """fla's RWKV-6 blocks: the token shifts of the time and the channel mixing."""
+  padded_prefill_matches(tiny_config("rwkv6", block="rwkv6", attn_ratio="1:1"))
+
+
+def test_length_needs_a_fresh_cache():
+  model = HybridLM(tiny_config(), nnx.Rngs(0))
+  with pytest.raises(ValueError, match="fresh=True"):
+    model.step(jnp.asarray(tokens((B, WIDTH))), model.init_cache(B, L), length=3)
