@@ -1,6 +1,13 @@
 """Generation with a cache: prefill with the chunk ops, then one token at a time with the
 fused_recurrent ops inside one jit-compiled `lax.while_loop` (cache sizes: `models.cache`).
 
+A batch's prompts are padded to `length_bucket` of the longest, and that whole width is prefilled
+in one call whose prompt length (the shortest prompt's) is a traced value (HybridLM.step's
+`length`): every batch of B rows whose longest prompt falls in one bucket runs one compiled program.
+Equal-length prompts are prefilled whole; in a batch of different lengths, each longer row feeds
+the rest of its prompt one token per decode step. The padding costs prefill work (fewer tokens
+than the longest prompt has, from 16 tokens on), not a compiled program per length.
+
 The cache (HybridLM.init_cache) is a pytree {"pos": int32, "layers": [...]}: each linear layer keeps
 its float32 recurrent state and short-convolution inputs (constant size), each attention layer a KV
 cache of max_len slots (2 * kv_heads * head_dim values per token).
@@ -116,10 +123,10 @@ def generate(model, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0
 
   Greedy unless sampling is asked for (as Hugging Face's generate): temperature > 0 samples, with
   `rng`; top_k / top_p filter before sampling; after `eos_id` a row repeats it.
-  Returns [B, P + max_new_tokens] int32. Prompt lengths share compiled programs by power-of-two
-  bucket, as in `generate_ragged` (whose loop this is): the prompt is prefilled with the chunk ops
-  up to `prefill_bucket(P)` tokens and its rest fed one token per step, so a new prompt length
-  costs no compilation when its buckets were seen.
+  Returns [B, P + max_new_tokens] int32. The prompts are prefilled whole with the chunk ops, in
+  one call padded to `length_bucket(P)` tokens (the loop of `generate_ragged`), so every P of one
+  bucket runs the same compiled program: a new prompt length costs no compilation when its bucket
+  was seen.
   """
   if isinstance(prompt_ids, (list, tuple)) and len({len(p) for p in prompt_ids}) > 1:
     raise ValueError(f"`prompt_ids` must be [B, P] (equal lengths); got prompts of lengths "
@@ -148,18 +155,13 @@ def length_bucket(n: int, floor: int = 16) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
-def prefill_bucket(n: int) -> int:
-  """The tokens every prompt of a batch whose shortest prompt has `n` tokens prefills with the chunk
-  ops: the largest power of two <= n."""
-  return 1 << (int(n).bit_length() - 1)
-
-
-@functools.partial(jax.jit, static_argnames=("prefill", "max_new_tokens", "temperature", "top_k",
-                                             "top_p", "eos_id"))
-def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, temperature, top_k,
-                     top_p, eos_id):
-  """tokens [B, T] (prompts left-aligned, T = padded prompt length + max_new_tokens), lengths [B]:
-  the first `prefill` tokens of every row go through the chunk ops in one call; from there one
+@functools.partial(jax.jit, static_argnames=("max_new_tokens", "temperature", "top_k", "top_p",
+                                             "eos_id"))
+def _generate_ragged(model, tokens, lengths, rng, *, max_new_tokens, temperature, top_k, top_p,
+                     eos_id):
+  """tokens [B, T] (prompts left-aligned, T = padded prompt width + max_new_tokens), lengths [B]:
+  the padded prompt width goes through the chunk ops in one call, whose first min(lengths) tokens
+  are the prompt (HybridLM.step's `length`, traced: one program for every length); from there one
   token per step, the prompt's own token while a row is still inside its prompt, the sampled one
   after it. Every row then sees exactly its own prompt (no padding enters a state). Returns the
   tokens and how many of them the model read (the last token written is never read).
@@ -169,7 +171,9 @@ def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, te
   B, T = tokens.shape
   sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
   cache = model.init_cache(B, T)
-  logits, cache = model.step(tokens[:, :prefill], cache, last_only=True, fresh=True)
+  shortest = jnp.min(lengths)  # the tokens every row's prompt prefills
+  logits, cache = model.step(tokens[:, :T - max_new_tokens], cache, last_only=True, fresh=True,
+                             length=shortest)
   end = jnp.max(lengths) + max_new_tokens  # positions past it are never written
 
   def pick(t, logits, tokens, rng, done):
@@ -196,7 +200,7 @@ def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, te
     tokens, token, rng, done = pick(t + 1, logits[:, -1], tokens, rng, done)
     return t + 1, token, cache, tokens, rng, done
 
-  t = jnp.asarray(prefill, jnp.int32)
+  t = shortest
   tokens, token, rng, done = pick(t, logits[:, -1], tokens, rng, jnp.zeros((B,), bool))
   _, _, cache, tokens, _, _ = lax.while_loop(cond, body, (t, token, cache, tokens, rng, done))
   return tokens, cache["pos"]
@@ -204,8 +208,8 @@ def _generate_ragged(model, tokens, lengths, rng, *, prefill, max_new_tokens, te
 
 def _run_bucketed(model, prompts: list[list[int]], max_new_tokens: int, rng, *, temperature, top_k,
                   top_p, eos_id, pad_id) -> np.ndarray:
-  """The checked `prompts` through `_generate_ragged`, padded to `length_bucket` of the longest
-  and prefilled to `prefill_bucket` of the shortest: [B, padded width + max_new_tokens] tokens."""
+  """The checked `prompts` through `_generate_ragged`, padded to `length_bucket` of the longest:
+  [B, padded width + max_new_tokens] tokens."""
   lengths = np.array([len(p) for p in prompts], np.int32)
   width = length_bucket(int(lengths.max())) + int(max_new_tokens)
   _check_request(model, len(prompts), width, max_new_tokens)
@@ -213,8 +217,8 @@ def _run_bucketed(model, prompts: list[list[int]], max_new_tokens: int, rng, *, 
   for row, p in zip(tokens, prompts):
     row[:len(p)] = p
   out, _ = _generate_ragged(model, jnp.asarray(tokens), jnp.asarray(lengths), rng,
-                            prefill=prefill_bucket(int(lengths.min())), max_new_tokens=int(max_new_tokens),
-                            temperature=float(temperature), top_k=top_k, top_p=top_p, eos_id=eos_id)
+                            max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                            top_k=top_k, top_p=top_p, eos_id=eos_id)
   return np.array(out)
 
 
@@ -225,11 +229,12 @@ def generate_ragged(model, prompts, max_new_tokens: int, *, temperature: float =
   lengths, each >= 1) and returns the new tokens of each (cut after `eos_id` when given). Greedy
   unless temperature > 0 (with `rng`) asks for sampling, as `generate`.
 
-  The batch is padded to `length_bucket` of the longest prompt and prefilled with the chunk ops up
-  to `prefill_bucket` of the shortest; the rest of each prompt is fed one token per step in the
-  decode loop, so no row's state sees padding and the results equal `generate` on each prompt
-  alone. Lengths within the same buckets share one compiled program (sort a stream of prompts by
-  length and batch neighbours: the prompt tokens past the prefill cost one decode step each).
+  The batch is padded to `length_bucket` of the longest prompt and prefilled with the chunk ops in
+  one call up to the shortest prompt's length; the rest of each longer prompt is fed one token per
+  step in the decode loop, so no row's state sees padding and the results equal `generate` on each
+  prompt alone. Batches whose longest prompts fall in one bucket share one compiled program, the
+  shortest prompt's length being a traced value (sort a stream of prompts by length and batch
+  neighbours: each prompt token past the shortest prompt costs a decode step).
   """
   prompts = [list(map(int, p)) for p in prompts]
   if not prompts or any(len(p) < 1 for p in prompts):

@@ -1,11 +1,13 @@
 """The work of generation's compiled program: the prefill forms only the logits it samples from, its
-attention is causal within the prompt (not masked over the whole cache), and the decode loop runs
-the model only on tokens whose successor it still has to pick."""
+attention is causal within the prompt (not masked over the whole cache), the decode loop runs the
+model only on tokens whose successor it still has to pick, and prompt lengths of one width bucket
+share the program and give each row its own prompt's continuation."""
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from lineax_lm.models import generate as generation
@@ -16,13 +18,12 @@ VOCAB = 97  # a size no other dimension of the tiny model has, to find its logit
 
 
 def _program(model, prompts, max_new_tokens):
-  """_generate_ragged's arguments for equal-length `prompts` [B, P], P a power of two (the whole
-  prompt prefilled)."""
+  """_generate_ragged's arguments for equal-length `prompts` [B, P], not padded."""
   B, P = prompts.shape
   buffer = np.zeros((B, P + max_new_tokens), np.int32)
   buffer[:, :P] = prompts
   return (model, jnp.asarray(buffer), jnp.full((B,), P, jnp.int32), jax.random.key(0)), dict(
-      prefill=P, max_new_tokens=max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None)
+      max_new_tokens=max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None)
 
 
 def test_prefill_forms_the_last_logits_only():
@@ -59,3 +60,34 @@ def test_a_prompt_into_a_fresh_cache_attends_within_itself():
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   hlo = jax.jit(lambda m, x, c: m.step(x, c, fresh=True)).lower(model, x, model.init_cache(2, 48)).as_text()
   assert not re.search(r"x16x48x", hlo), "the prompt's scores span the cache's 48 slots"
+
+
+def _greedy_continues(model, prompts, new):
+  """Each row of `new` is the greedy continuation of its prompt: one forward pass over prompt +
+  generated tokens (zeros after them: causal) picks every generated token."""
+  x = np.zeros((len(prompts), max(len(p) + len(g) for p, g in zip(prompts, new))), np.int32)
+  for row, (p, g) in enumerate(zip(prompts, new)):
+    x[row, :len(p) + len(g)] = p + g
+  logits = np.asarray(jax.jit(lambda m, x: m(x))(model, jnp.asarray(x)))
+  for row, (p, g) in enumerate(zip(prompts, new)):
+    assert logits[row, len(p) - 1:len(p) + len(g) - 1].argmax(-1).tolist() == g, f"row {row}"
+
+
+@pytest.mark.parametrize("config", [
+    dict(mixer="gated_deltanet", attn_ratio="1:1", attn_short_conv=True, window=6),
+    dict(mixer="rwkv6", block="rwkv6", attn_ratio="1:1")], ids=["gdn_attention", "rwkv6_blocks"])
+def test_prompt_lengths_of_one_bucket_share_one_program(config):
+  """Prompts padded to one width (16): equal lengths (prefilled whole), then rows of different
+  lengths (prefilled up to the shortest, 3, under the convolutions' width), in one program, each
+  row its own prompt's greedy continuation."""
+  model = HybridLM(tiny_config(**config, vocab_size=VOCAB), nnx.Rngs(0))
+  compiled = generation._generate_ragged._cache_size()
+  for length in (9, 13):
+    prompts = tokens((2, length), VOCAB, seed=length)
+    out = np.asarray(generation.generate(model, prompts, 4))
+    np.testing.assert_array_equal(out[:, :length], prompts)
+    _greedy_continues(model, prompts.tolist(), out[:, length:].tolist())
+  prompts = [tokens((16,), VOCAB, seed=1).tolist(), tokens((3,), VOCAB, seed=2).tolist()]
+  new = generation.generate_ragged(model, prompts, 4)
+  _greedy_continues(model, prompts, new)
+  assert generation._generate_ragged._cache_size() == compiled + 1

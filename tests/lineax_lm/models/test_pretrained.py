@@ -44,7 +44,7 @@ def test_prompts_of_different_lengths_generate_in_one_batch(model):
              tokens((14,), 259, seed=3).tolist()]
   compiled = generation._generate_ragged._cache_size()
   new = lineax_lm.generate_ragged(model, prompts, 3, temperature=0.0)
-  # one more batch of other lengths in the same buckets (prefill 8, padded width 16): no compile
+  # one more batch of other lengths in the same bucket (padded width 16): no compile
   again = lineax_lm.generate_ragged(model, [prompts[2], prompts[0], prompts[0][:10]], 3, temperature=0.0)
   assert generation._generate_ragged._cache_size() == compiled + 1
   assert again[:2] == [new[2], new[0]]
@@ -69,7 +69,7 @@ def test_generate_is_greedy_by_default_and_compiles_per_length_bucket(model):
   np.testing.assert_array_equal(greedy, lineax_lm.generate(model, prompt, 3, temperature=0.0))
   assert lineax_lm.generate_ragged(model, prompt.tolist(), 3) == greedy[:, 9:].tolist()
   compiled = generation._generate_ragged._cache_size()
-  for length in (10, 11, 12):  # the bucket of 9: padded to 16, prefill 8
+  for length in (10, 11, 12):  # the bucket of 9: padded to 16
     lineax_lm.generate(model, tokens((2, length), 259, seed=length), 3)
   assert generation._generate_ragged._cache_size() == compiled
 
