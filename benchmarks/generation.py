@@ -28,10 +28,13 @@ random tokens. The measures are torch_generation.py's (its docstring), with thes
 prefill_s is generate(max_new_tokens=1) (the prefill and the first token's pick: ours runs both in
 one program), first_call_s and the new prompt lengths' times include XLA's compilation, given
 apart as compile_s (tracing, lowering and XLA compile, from jax.monitoring); the new prompt lengths
-are timed last, after every batch, at the smallest batch. Peak is the process's peak device memory
-after the batch (its earlier batches included). Each part is bounded in time: a measure stops
-repeating after --measure_s, a preset's process after --preset_timeout, the torch subprocess after
---torch_timeout; rows are written as they are measured, so a stopped part keeps what it measured.
+are timed last, after every batch, at the smallest batch, where they share the length bucket of
+--prompt and so its compiled program (lineax_lm prefills the bucket's whole width with the prompt
+length as a traced value): compile_s says whether they compiled anything. Peak is the process's
+peak device memory after the batch (its earlier batches included). Each part is bounded in time:
+a measure stops repeating after --measure_s, a preset's process after --preset_timeout, the torch
+subprocess after --torch_timeout; rows are written as they are measured, so a stopped part keeps
+what it measured.
 
 Writes --out/generation.json (every row and the call's device, versions, date and command) and
 --out/generation.md (the table), and prints the table last.
@@ -113,8 +116,8 @@ def measure(model, ids: np.ndarray, a, row: dict, save) -> None:
 
 
 def measure_new_lengths(model, ids: np.ndarray, row: dict, save) -> None:
-  """Time to first token on the two prompt lengths of new_lengths, each a prefix of `ids`: the first
-  compiles its length bucket, the second falls in the same bucket."""
+  """Time to first token on the two prompt lengths of new_lengths, each a prefix of `ids`: both fall
+  in the length bucket of `ids` itself, whose program generate(ids, 1) compiled before."""
   row["new_lengths"] = new_lengths(ids.shape[1])
   for key, length in zip(("ttft_new_length", "ttft_same_bucket"), row["new_lengths"]):
     row[f"{key}_s"], row[f"{key}_compile_s"] = timed_with_compile(
@@ -348,7 +351,8 @@ def table(rows: list[dict], meta: dict) -> str:
            f"weights, {meta['dtype']}. Decode tokens/s excludes the prefill; ratios: ours over "
            "theirs at the same batch (decode), theirs over ours (prefill); above 1: we are faster. "
            "TTFT new length / same bucket: the first token of prompts of {} then {} tokens, at the "
-           "smallest batch after the others. Seconds in parentheses: compilation.".format(
+           "smallest batch after the others (ours: in the prompt's length bucket, whose program "
+           "is compiled). Seconds in parentheses: compilation.".format(
                *new_lengths(meta["prompt"])), "",
            "| model | B | prefill ms | prefill vs fla GDN | decode tok/s | vs fla GDN | vs HF Llama | "
            "ms / step | generate s | first call s | TTFT new length s | TTFT same bucket s | "

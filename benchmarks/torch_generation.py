@@ -20,7 +20,7 @@ Per model and batch, on --batches rows of --prompt random tokens (times are medi
   first_call_s    the first generate(N) call (Triton's compilation and autotuning included)
   ttft_new_length_s, ttft_same_bucket_s   at the smallest batch: generate(max_new_tokens=1) on two
                   prompt lengths not seen before (new_lengths), the same ones generation.py gives
-                  ours, where the first needs a new compiled program and the second does not
+                  ours, where both reuse the compiled program of the prompt's length bucket
   peak_GiB        torch.cuda.max_memory_allocated over the batch's measures
 Each model and batch runs in its own try: an error is recorded and the rest still run; the JSON is
 rewritten after every measure, so a caller's time limit keeps what was measured.
@@ -50,8 +50,8 @@ MODEL_NAMES = ("hf_llama_sdpa",) + FLA_MODELS
 
 def new_lengths(prompt: int) -> tuple[int, int]:
   """Two prompt lengths below `prompt` that a warmed-up generator has not seen: 3/4 and 7/8 of it
-  (for a power of two >= 16 both fall in one of lineax_lm's length buckets, which `prompt` itself
-  does not share)."""
+  (for a power of two >= 16 both fall in the length bucket of `prompt` itself, whose compiled
+  program lineax_lm reuses)."""
   return max(1, prompt * 3 // 4), max(1, prompt * 7 // 8)
 
 
