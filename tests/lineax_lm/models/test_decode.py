@@ -1,5 +1,6 @@
 """Prefill (chunk ops) + token-by-token decode (fused_recurrent ops) reproduces the full-sequence
-logits for every mixer, for a 3:1 hybrid and for RWKV-6 blocks."""
+logits for every mixer, for a 3:1 hybrid and for RWKV-6 blocks; a prompt padded to a compiled width
+(step's `length`) prefills as the prompt alone."""
 import functools
 
 import jax
@@ -101,7 +102,8 @@ def padded_prefill_matches(config, lengths=(2, 9, WIDTH)):
                                  err_msg=f"length {n}: {jax.tree_util.keystr(path)}")
 
 
-@pytest.mark.parametrize("mixer", [m if m == "gated_deltanet" else
+# Two in test-fast: a matrix state and mLSTM's tuple of states; every other mixer is `slow`.
+@pytest.mark.parametrize("mixer", [m if m in ("gated_deltanet", "mlstm") else
                                    pytest.param(m, marks=pytest.mark.slow)
                                    for m in LINEAR_MIXERS])
 def test_a_padded_prompt_prefills_as_the_prompt_alone(mixer):
