@@ -5,7 +5,8 @@
 # Env: TESTS   test files of the `gpu` tests ("none" skips; default: tests/), TESTS_K a -k expression
 #      FLA_OPS fla's ops to time (benchmarks/fla_ops.py names; "" skips fla), FLA_SHAPES (BxT list)
 #      TEST_WORKERS pytest-xdist processes for the tests (default 8: each test compiles its own
-#      kernels on the host CPU, ~9 s a test, 178 tests; the GPU is shared, not preallocated)
+#      kernels on the host CPU, ~9 s a test, 183 tests, over 320 s in all; each worker takes its share
+#      of GPU memory, tests/conftest.py), every outcome in $OUT/tests.log as it comes
 #      T_TESTS, T_OPS, T_FLA: time limits in seconds.
 # Carry [".whl"]: fla needs the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0 in .whl/
 # (git-ignored; `pip download --no-deps` them). fla autotunes every kernel on a fresh machine
@@ -21,13 +22,13 @@ install_missing_wheels xdist:pytest_xdist execnet:execnet hypothesis:hypothesis 
   sortedcontainers:sortedcontainers || echo "some test modules are missing: the tests may not run"
 if [ "${TESTS:-}" != "none" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths: split on purpose
-  timeout "${T_TESTS:-200}" python3 -m pytest -q -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
+  timeout "${T_TESTS:-360}" python3 -m pytest -v -rf --tb=short -W ignore -n "${TEST_WORKERS:-8}" -m gpu ${TESTS:-tests} ${TESTS_K:+-k "$TESTS_K"} \
     --durations=5 -p no:cacheprovider \
     > "$OUT/tests.log" 2>&1; echo "tests rc=$?"
   # A timed-out pytest leaves its xdist workers running (on the GPU and the CPUs): end them before
   # anything is timed.
-  pkill -f "pytest -q -n"; pkill -f "exec(eval(sys.stdin.readline()))"; sleep 1  # execnet workers
-  grep -E "passed|failed|Error" "$OUT/tests.log" | tail -n 8
+  pkill -f "pytest -v -rf"; pkill -f "exec(eval(sys.stdin.readline()))"; sleep 1  # execnet workers
+  grep -E "^FAILED|passed|failed" "$OUT/tests.log" | tail -n 12
 fi
 timeout "${T_OPS:-300}" python3 -m pallas_kernels.bench --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
 grep -v "^ *File\|^    \|^Traceback\|^---\|^For simplicity\|^|" "$OUT/ops.log" | grep -v "^$" | tail -n 6
