@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
-from pallas_kernels.common.gpu.config import Config, state_stages
+from pallas_kernels.common.gpu.config import Config
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -156,17 +156,6 @@ def test_wide_values_add_no_kernel_launches():
                                            sd(B, T, H, dt=jnp.float32), sd(B, T, H, dt=jnp.float32))
             for V in (128, 384, 512)}
   assert counts[384] == counts[512] == counts[128], counts
-
-
-def test_state_passes_above_128_key_rows_take_one_stage():
-  """Two pipeline stages of a state block of more than 128 key rows overflow an H100 / H200
-  block's 227 KiB of shared memory (the dh pass at K = 256, bk_state = 256: 265 KiB), so such a
-  configuration runs with one; 64-row blocks keep the stages they ask for."""
-  assert state_stages(Config(bk_state=256), 256, per_channel=False) == 1
-  assert state_stages(Config(), 256, per_channel=False) == 1
-  assert state_stages(Config(), 256, per_channel=True) == 1
-  assert state_stages(Config(bk_state=64, stages_state=2), 256, per_channel=False) == 2
-  assert state_stages(Config(), 128, per_channel=False) == Config().stages_state
 
 
 def test_unsupported_shapes_fall_back_or_raise():

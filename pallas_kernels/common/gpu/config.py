@@ -62,10 +62,8 @@ def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
   tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200 block has
   (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB; one stage
   needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 (state_key_block) run with one
-  stage, the configuration that was timed. A scalar-gate pass holding more than 128 key rows in one
-  block (`bk_state=256` at K = 256) takes one stage too: with two, its dh kernel needs 265 KiB
-  (Triton 3.9 for sm_90 on the kernel's IR), one stage 136 KiB."""
-  if K > 128 and (per_channel or cfg.bk_state is None or cfg.bk_state > 128):
+  stage, the configuration that was timed."""
+  if K > 128 and (per_channel or cfg.bk_state is None):
     return 1
   return cfg.stages_state
 
