@@ -221,10 +221,10 @@ def define_flags(fv, argv: list[str]) -> None:
                        flag_values=fv)
   flags.DEFINE_float("measure_s", 8, "seconds after which a measure stops repeating",
                      lower_bound=0, flag_values=fv)
-  flags.DEFINE_float("preset_timeout", 170, "seconds a preset's process may take", lower_bound=1,
+  flags.DEFINE_float("preset_timeout", 150, "seconds a preset's process may take", lower_bound=1,
                      flag_values=fv)
   define_torch_flags(fv, "torch_generation", "HF Llama, fla's Gated DeltaNet, fla's 3:1 hybrid",
-                     200)
+                     250)
   flags.DEFINE_string("torch_flags", "", "more torch_generation.py flags, e.g. '--head_dim 16' "
                       "(a quick run under Triton's interpreter on a CPU)", flag_values=fv)
   flags.DEFINE_string("torch_python", sys.executable, "the Python (with torch, transformers, fla) "
