@@ -51,7 +51,7 @@ def test_tiny_step_compiles_for_four_v5e_chips(capsys):
 def test_presets_table_rows_and_markdown():
   rows = aot.table_rows()
   assert len(rows) == len(aot.TABLE_PRESETS) * len(aot.TABLE_TOPOLOGIES) + 1
-  assert rows[-1] == aot.LONG_CONTEXT and "--config.mesh.context=16" in rows[-1][2]
+  assert rows[-1] == aot.LONG_CONTEXT and "--config.mesh.context=4" in rows[-1][2]
   text = aot.table_markdown([(rows[0], {"fits": "yes", "gib": "3.10", "compile_s": 95.0,
                                         "tokens_s": "12,345", "mfu": "41.0%"}),
                              (rows[-1], None), (rows[1], {"error": "timeout (> 1800 s)"})])
