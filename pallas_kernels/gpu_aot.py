@@ -7,7 +7,7 @@ limit exceeded"); here it shows in seconds on a CPU.
     python -m pallas_kernels.gpu_aot --ops gated_delta_rule --hkv 2,256,512 --config bk_state=256
     python -m pallas_kernels.gpu_aot --triton_python /path/to/venv/bin/python   # triton elsewhere
 
-How: jax lowers the op for CUDA (`lowering_platforms=("cuda",)`, no GPU needed); each Pallas kernel
+How: jax exports the op for CUDA (`jax.export`, no GPU needed); each Pallas kernel
 is a `__gpu$xla.gpu.triton` custom call whose backend config holds its Triton IR (MLIR bytecode),
 its name, warps and pipeline stages. The IR is printed as text with jaxlib's Triton dialect, then
 compiled for sm_90a by pip's `triton` package (CUDA build, ptxas bundled), in this interpreter if it
@@ -26,7 +26,6 @@ import sys
 import tempfile
 
 SHARED_LIMIT = 227 * 1024   # bytes of shared memory one block may use on sm_90 (H100, H200)
-REGISTER_LIMIT = 255        # registers a thread
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
 
@@ -41,10 +40,16 @@ class Kernel:
 def triton_kernels(fn, *args) -> list[Kernel]:
   """The Triton kernels `jax.jit(fn)(*args)` launches when lowered for CUDA, in program order."""
   import jax
+  from jax import export
+  from jax._src.interpreters import mlir
   from jax._src.lib import triton
   from jax._src.lib.mlir import ir
 
-  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  # jax.export keeps the kernels the program runs (a kernel whose outputs go unused is dropped)
+  exported = export.export(jax.jit(fn), platforms=("cuda",),
+                           disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)])(*args)
+  context = mlir.make_ir_context()
+  triton.dialect.register_dialect(context)
   configs = []
 
   def walk(op):
@@ -57,11 +62,9 @@ def triton_kernels(fn, *args) -> list[Kernel]:
             configs.append(ir.DictAttr(attrs["mhlo.backend_config"]))
           walk(inner.operation)
 
-  walk(lowered.compiler_ir("stablehlo").operation)
-  context = ir.Context()
-  triton.dialect.register_dialect(context)
   kernels = []
   with context:
+    walk(ir.Module.parse(exported.mlir_module()).operation)
     for config in configs:
       module = ir.Module.parse(ir.StringAttr(config["ir"]).value_bytes)
       kernels.append(Kernel(ir.StringAttr(config["name"]).value,
@@ -140,7 +143,7 @@ def over_limits(row: dict) -> list[str]:
 
 def op_kernels(family: str, B: int, T: int, H: int, K: int, V: int, dtype: str = "bfloat16",
                config=None) -> list[Kernel]:
-  """The Triton kernels of `family`'s chunk op, forward and the gradients of every input, with
+  """The Triton kernels of `family`'s chunk op, its output and the gradients of every input, with
   the benchmark's inputs (`bench.make_inputs`); `config` replaces the gated delta rule's tiles."""
   import jax
   import jax.numpy as jnp
@@ -150,7 +153,8 @@ def op_kernels(family: str, B: int, T: int, H: int, K: int, V: int, dtype: str =
   fn, names = bench.Timer().op_fn(family, "gpu", config)
   args = tuple(jax.ShapeDtypeStruct(inputs[n].shape, inputs[n].dtype) for n in names)
   loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
-  return triton_kernels(jax.grad(loss, argnums=tuple(range(len(args)))), *args)
+  # the loss and its gradients: the forward's output kernels run beside the backward's
+  return triton_kernels(jax.value_and_grad(loss, argnums=tuple(range(len(args)))), *args)
 
 
 def define_flags(fv, argv) -> None:
