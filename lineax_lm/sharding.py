@@ -23,12 +23,14 @@ import jax
 import numpy as np
 from flax import nnx
 from jax import lax
+from jax.experimental import mesh_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 BATCH_AXES = ("data", "fsdp")
 CONTEXT_AXIS = "context"
 HEAD_AXIS = "tensor"
+_AXES_WITHIN_PROCESS = (MESH_AXES.index(CONTEXT_AXIS), MESH_AXES.index(HEAD_AXIS))
 
 # logical axis -> mesh axes, in order of preference.
 RULES = {
@@ -64,8 +66,41 @@ def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
     raise ValueError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices; "
                      f"there are {n}")
   # Auto axes: XLA propagates shardings from the parameters and the batch (no explicit-sharding types).
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  devices = jax.devices() if devices is None else devices
+  try:
+    mesh = jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+    if context_within_processes(mesh):
+      return mesh
+  except NotImplementedError:  # no assignment of the axes to the torus; a host-local one may exist
+    pass
+  return jax.sharding.Mesh(_host_local_layout(sizes, devices), MESH_AXES, axis_types=axis_types)
+
+
+def _host_local_layout(sizes, devices) -> np.ndarray:
+  """The devices as an array of `sizes` whose `context` and `tensor` axes stay within one process.
+
+  jax.make_mesh follows the slice's physical torus, which may run an axis across hosts (a v5p-128's
+  context axis of 4 along z crosses four 4-chip hosts). Each process loads whole rows, so a row's
+  context slices must be on its own devices: the innermost axes (tensor, context, then what divides
+  the rest of a host) go within each process and the outer ones across processes, as
+  mesh_utils.create_hybrid_device_mesh lays out slices with processes as the granules."""
+  processes = len({d.process_index for d in devices})
+  local, within = len(devices) // processes, [1] * len(sizes)
+  for i in reversed(range(len(sizes))):
+    within[i] = math.gcd(sizes[i], local // math.prod(within))
+  if math.prod(within) != local or any(within[i] != sizes[i] for i in _AXES_WITHIN_PROCESS):
+    shape = dict(zip(MESH_AXES, sizes))
+    inner = math.prod(sizes[i] for i in _AXES_WITHIN_PROCESS)
+    raise ValueError(f"mesh {shape}: context * tensor = {inner} does not fit within one "
+                     f"process's {local} devices, and each process loads whole rows; keep "
+                     f"config.mesh.context * config.mesh.tensor a divisor of {local}")
+  across = [s // w for s, w in zip(sizes, within)]
+  try:
+    return mesh_utils.create_hybrid_device_mesh(within, across, devices=devices, process_is_granule=True)
+  except NotImplementedError as e:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not map onto the devices' "
+                     f"physical layout: {e}") from None
 
 
 def logical_to_spec(names, shape, mesh) -> P:

@@ -240,8 +240,9 @@ COMMON_SETTINGS = ["--config.train.tokens=10_000_000_000", "--config.model.scan_
                    "--config.model.dtype=bfloat16", "--config.model.remat=full", "--config.mesh.data=1"]
 TABLE_SETTINGS = COMMON_SETTINGS + ["--config.mesh.fsdp=-1", "--config.data.seq_len=4096",
                                     "--config.data.global_batch_size=128"]
-# a v5p-128 is 64 chips in 4-chip hosts; a context axis must stay within one host (each process
-# loads whole rows): context 4 (32,768 tokens a chip), FSDP over the other 16, a row per FSDP shard
+# a v5p-128 is 64 chips in 4-chip hosts; a context axis stays within one host (each process loads
+# whole rows; sharding.make_mesh lays it so): context 4 (32,768 tokens a chip), FSDP over the other
+# 16, a row per FSDP shard
 LONG_CONTEXT = ("gated_deltanet_hybrid_1.3b", "v5p-128",
                 COMMON_SETTINGS + ["--config.mesh.fsdp=16", "--config.mesh.context=4",
                                    "--config.data.seq_len=131072", "--config.data.global_batch_size=16"])

@@ -48,6 +48,21 @@ def test_tiny_step_compiles_for_four_v5e_chips(capsys):
     aot.raise_if_too_big(config, small)
 
 
+@pytest.mark.tpu_aot
+def test_a_context_axis_stays_within_each_host_of_a_large_slice():
+  """A v5p-128's hosts hold 4 chips each; jax.make_mesh would run a context axis of 4 along the
+  torus across hosts, so the mesh puts it within each process and FSDP across them."""
+  from lineax_lm import sharding
+  from pallas_kernels.tpu_aot import topology_devices
+  _, devices = topology_devices("v5p-128")
+  mesh = sharding.make_mesh(dict(data=1, fsdp=16, context=4, tensor=1), devices=devices)
+  assert dict(mesh.shape) == dict(data=1, fsdp=16, context=4, tensor=1)
+  assert sharding.context_within_processes(mesh)
+  assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+  with pytest.raises(ValueError, match=r"context \* tensor = 8 does not fit within one process's 4"):
+    sharding.make_mesh(dict(data=1, fsdp=8, context=8, tensor=1), devices=devices)
+
+
 def test_presets_table_rows_and_markdown():
   rows = aot.table_rows()
   assert len(rows) == len(aot.TABLE_PRESETS) * len(aot.TABLE_TOPOLOGIES) + 1
