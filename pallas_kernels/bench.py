@@ -1,7 +1,7 @@
 """Times of the chunked ops on the current device, a row per op, backend, shape and segment count:
 forward and forward+backward device times, the compile time and peak memory of forward+backward, and
-fla's figures with fla/ours ratios when given; optionally a stage profile, tile variants and length
-scaling of the gated delta rule kernels.
+fla's figures with fla/ours ratios when given; optionally the gated delta rule's stage profile and
+length scaling, and tile variants of any family's GPU kernels.
 
     python -m pallas_kernels.bench                        # every op, every backend the device runs
     python -m pallas_kernels.bench --ops gla,hgrn --backends gpu --shapes 4x4096,8x8192 --out DIR
@@ -18,7 +18,9 @@ medians: each of `--reps` repetitions enqueues `--calls` back-to-back calls and 
 dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input.
 Compile time is the wall time of lowering and compiling fwd+bwd; peak memory is XLA's allocation for
 it (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py).
---scaling times the gated delta rule at T in --lengths, 65,536 tokens a step. With --out every
+--variants times the GPU kernels' tile variants in env VARIANTS (`variants`: e.g.
+"warps_wy=8,mlstm:warps_chunk=8") at the first shape. --scaling times the gated delta rule at T in
+--lengths, 65,536 tokens a step. With --out every
 figure is written to OUT/ops.json as soon as it is measured (what was measured survives a timeout).
 """
 from __future__ import annotations
@@ -29,12 +31,13 @@ import os
 import time
 import traceback
 import types
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.common import dispatch, segments
+from pallas_kernels.common import api, dispatch, segments
 
 # family -> the arguments of its chunk op, drawn by `make_inputs`
 ARGUMENTS = {
@@ -51,6 +54,7 @@ ARGUMENTS = {
 }
 # options each op is timed with: fla's benchmark times linear attention without its normalizer
 OPTIONS = {"linear_attn": {"normalize": False}}
+DEFAULT_VARIANTS = "warps_wy=1,warps_wy_bwd=4"  # `variants`: the gated delta rule's WY kernels
 
 
 def op_of(family):
@@ -100,17 +104,21 @@ class Timer:
     return device_ms(fn, *args, calls=self.calls, reps=self.reps)
 
   def op_fn(self, name, backend, config=None):
-    """(function of the op's inputs -> o, argument names) for `backend`; `config` (gated delta
-    rule tile variants) calls the kernel module directly."""
+    """(function of the op's inputs -> o, argument names) for `backend`; `config` (a tile variant
+    of `name`'s GPU kernels, `variants`) calls the family's GPU module directly, from a zero state
+    (the public ops take no config)."""
     kw = dict(interpret=True) if self.interpret and backend in dispatch.PALLAS_BACKENDS else {}
-    if config is not None:
-      from pallas_kernels.gated_delta_rule import gpu
-      return (lambda q, k, v, g, b: gpu.chunk_gated_delta_rule(
-          q, k, v, g, b, scale=q.shape[-1] ** -0.5, initial_state=jnp.zeros(
-              (q.shape[0], q.shape[2], q.shape[3], v.shape[3]), jnp.float32), config=config, **kw)[0]
-              ), ("q", "kn", "v", "gs", "beta")
     op, names = op_of(name)
-    return (lambda *a: op(*a, backend=backend, **kw)[0]), names
+    if config is None:
+      return (lambda *a: op(*a, backend=backend, **kw)[0]), names
+    kernels = getattr(_gpu_module(name), f"chunk_{name}")
+    state = getattr(importlib.import_module(f"pallas_kernels.{name}"), "STATE", api.MATRIX)
+
+    def run(q, k, v, *rest):
+      d = api.dims(q, k, v, None)
+      return kernels(q, k, v, *rest, scale=d.K ** -0.5, initial_state=api.concrete_state(None, state, d),
+                     config=config, **kw)[0]
+    return run, names
 
   def time_op(self, name, backend, inputs, config=None, memory=True):
     fn, names = self.op_fn(name, backend, config)
@@ -196,13 +204,28 @@ def device_ms(fn, *args, calls=10, reps=7):
   return float(np.median(out) * 1e3)
 
 
-def _variants():
-  """Configs to time: env VARIANTS="bv_state=16,warps_dqkw=8+bk_dqkw=128" (',' between variants,
-  '+' between the fields of one)."""
-  from pallas_kernels.common.gpu.config import Config
-  spec = os.environ.get("VARIANTS", "warps_wy=1,warps_wy_bwd=4")
-  return tuple(Config(**{k: int(x) for k, x in (kv.split("=") for kv in v.split("+"))})
-               for v in spec.split(","))
+def _gpu_module(family):
+  return importlib.import_module(f"pallas_kernels.{family}.gpu")
+
+
+def variants(spec: str) -> tuple[tuple[str, NamedTuple], ...]:
+  """(family, its GPU `Config`) pairs to time, from env VARIANTS: "bv_state=16,warps_dqkw=8+bk_dqkw=128,
+  mlstm:warps_chunk=8" (',' between variants, '+' between the fields of one; a variant without
+  "family:" is the gated delta rule's)."""
+  out = []
+  for item in spec.split(","):
+    family, _, fields = item.rpartition(":")
+    family = family or "gated_delta_rule"
+    if family == "hgrn" or family not in ARGUMENTS:
+      raise ValueError(f"VARIANTS: {item!r}: tile variants are timed for "
+                       f"{sorted(set(ARGUMENTS) - {'hgrn'})}")
+    config = getattr(_gpu_module(family), "Config")
+    try:
+      out.append((family, config(**{k: int(x) for k, x in (kv.split("=") for kv in fields.split("+"))})))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"VARIANTS: {item!r}: give {family}'s Config fields as name=integer "
+                       f"({', '.join(config._fields)}): {e}") from None
+  return tuple(out)
 
 
 def load_fla(d) -> dict:
@@ -237,7 +260,8 @@ def define_flags(fv, argv) -> None:
   flags.DEFINE_bool("profile", False, "GDN stage times at the first shape", flag_values=fv)
   flags.DEFINE_bool("trace", False, "per-kernel device times of every op's fwd+bwd at the first "
                     "shape (jax.profiler)", flag_values=fv)
-  flags.DEFINE_bool("variants", False, "GDN tile variants (env VARIANTS)", flag_values=fv)
+  flags.DEFINE_bool("variants", False, "tile variants of the GPU kernels (env VARIANTS, default "
+                    f"{DEFAULT_VARIANTS!r})", flag_values=fv)
   flags.DEFINE_bool("scaling", False, "the gated delta rule at each T of --lengths",
                     flag_values=fv)
   flags.DEFINE_list("lengths", ["2048", "8192", "32768"],
@@ -349,10 +373,10 @@ def main(argv=None):
       if a.profile:
         res["profile"] = run("profile", timer.stage_profile, inputs) or {}
         save()
-      for cfg in _variants() if a.variants else ():
-        r = run(f"variant {cfg}", timer.time_op, "gated_delta_rule", "gpu", inputs, config=cfg,
+      for family, cfg in variants(os.environ.get("VARIANTS", DEFAULT_VARIANTS)) if a.variants else ():
+        r = run(f"variant {family} {cfg}", timer.time_op, family, "gpu", inputs, config=cfg,
                 memory=False)
-        res["variants"].append(dict(config=cfg._asdict(), **r))
+        res["variants"].append(dict(op=family, config=cfg._asdict(), **r))
         save()
     del inputs
   for Tl in a.lengths if a.scaling else ():
@@ -388,16 +412,14 @@ def print_tables(res, fla):
     print("\nGDN stages (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in res["profile"].items()
                                            if isinstance(v, float)))
   for r in res["variants"]:
-    print("variant", {k: v for k, v in r["config"].items() if v != getattr(_default(), k)},
-          {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "config"})
+    family = r.get("op", "gated_delta_rule")
+    default = _gpu_module(family).Config()
+    print("variant", family, {k: v for k, v in r["config"].items() if v != getattr(default, k)},
+          {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+           if k not in ("config", "op")})
   for r in res["scaling"]:
     f = fla.get("gated_delta_rule", {}).get(f"{65536 // r['T']}x{r['T']}", {})
     print("scaling", r, "fla fwd+bwd ms", f.get("fwdbwd_ms", "-"), "fla peak GiB", f.get("peak_GiB", "-"))
-
-
-def _default():
-  from pallas_kernels.common.gpu.config import DEFAULT
-  return DEFAULT
 
 
 if __name__ == "__main__":

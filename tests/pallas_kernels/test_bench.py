@@ -39,3 +39,26 @@ def test_bad_flags_say_which(argv, message, monkeypatch):
   monkeypatch.delenv("OUT", raising=False)
   with pytest.raises(SystemExit, match=f"^error: {message}"):
     bench.main(argv)
+
+
+def test_variants_name_a_family_and_its_config_fields():
+  (gdn, cfg), (family, mcfg) = bench.variants("warps_wy=8+bv_state=16,mlstm:warps_chunk=8")
+  assert gdn == "gated_delta_rule" and (cfg.warps_wy, cfg.bv_state) == (8, 16)
+  assert family == "mlstm" and mcfg.warps_chunk == 8
+  with pytest.raises(ValueError, match=r"VARIANTS: 'mlstm:warps_wy=8': give mlstm's Config fields"):
+    bench.variants("mlstm:warps_wy=8")
+  with pytest.raises(ValueError, match=r"VARIANTS: 'hgrn:warps=2': tile variants are timed for"):
+    bench.variants("hgrn:warps=2")
+
+
+def test_a_variant_runs_the_family_kernels_with_its_config():
+  """The variant's function (the GPU module with a Config) computes the public op's output."""
+  import numpy as np
+  timer = bench.Timer(interpret=True)
+  inputs = bench.make_inputs(1, 128, 1, 16, 16, "float32")
+  (_, cfg), = bench.variants("mlstm:warps_chunk=8+bv_chunk=8")
+  outs = []
+  for config in (None, cfg):
+    fn, names = timer.op_fn("mlstm", "gpu", config)
+    outs.append(fn(*(inputs[n] for n in names)))
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
