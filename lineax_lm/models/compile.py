@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx, traverse_util
 from jax import lax
 
+from lineax_lm import sharding
 from lineax_lm.models.config import REMAT_POLICIES
 
 
@@ -70,7 +71,8 @@ def scan_blocks(fn, blocks: list, period: int, x, *args, per_layer=None, remat: 
     params, layer_rows = xs
     for j in range(period):
       extra = () if layer_rows is None else (layer_rows[j],)
-      x = _pure_call(fn, graphdefs[j], remat, traverse_util.unflatten_dict(params[j]), x, *args,
-                     *extra)
+      x = sharding.constrain_rows(_pure_call(fn, graphdefs[j], remat,
+                                             traverse_util.unflatten_dict(params[j]), x, *args,
+                                             *extra))
     return x, None
   return lax.scan(body, x, (stacked, rows))[0]

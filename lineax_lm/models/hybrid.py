@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from lineax_lm import sharding
 from lineax_lm.layers import Context, Packing, RMSNorm, SwiGLU, build_mixer
 from lineax_lm.layers.channel_mix import RWKV6ChannelMix
 from lineax_lm.layers.common import (LayerNorm, cu_seqlens_from_starts, param, prompt_packing,
@@ -259,6 +260,8 @@ class HybridLM(nnx.Module):
     x = self.embed(inputs)
     if self.embed_norm is not None:
       x = self.embed_norm(x)
+    if cache is None:  # training: the residual stream in the batch's layout (a cache keeps T whole)
+      x = sharding.constrain_rows(x)
     layer_caches = []
     period = self._scan_period() if cache is None else None
     if period is not None:
@@ -269,6 +272,8 @@ class HybridLM(nnx.Module):
         x, layer_cache = call_shared(_block_forward, block, x,
                                      None if cache is None else cache["layers"][i], ctx, lb,
                                      remat=remat)
+        if cache is None:
+          x = sharding.constrain_rows(x)
         layer_caches.append(layer_cache)
     x = self.norm(x)
     if overflow is not None:  # NaN reaches the logits (and any loss on them) through the head

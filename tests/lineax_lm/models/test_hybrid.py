@@ -147,6 +147,44 @@ def test_scanned_layers_equal_the_unrolled_loop(mixer):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4 * np.abs(a).max())
 
 
+def _constraints(jaxpr) -> list:
+  """The sharding_constraint equations of a jaxpr and every jaxpr nested in it, in order."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "sharding_constraint":
+      found.append(eqn)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          found += _constraints(inner)
+  return found
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_residual_stream_keeps_the_batch_layout_under_fsdp(scan):
+  """Under a training mesh the embeddings and every block's output are constrained to the batch's
+  layout (rows over data and fsdp): left to sharding propagation, an unscanned FSDP step followed
+  the parameters' layout into the activations and kept them all (lineax_lm.sharding.constrain_rows);
+  without a mesh nothing is constrained."""
+  from jax.sharding import Mesh
+  from lineax_lm import sharding
+  layers = 4
+  model = HybridLM(tiny_config("hgrn", num_layers=layers, scan_layers=scan), nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  x = jnp.asarray(tokens((4, 8)))
+  hidden = lambda s: nnx.merge(graphdef, s).hidden(x)[0]
+  assert not _constraints(jax.make_jaxpr(hidden)(state).jaxpr)
+  mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2, 1, 1), sharding.MESH_AXES,
+              axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES))
+  with jax.set_mesh(mesh):
+    found = _constraints(jax.make_jaxpr(hidden)(state).jaxpr)
+  # the embeddings, then each block (a scan's body is traced once: one block of the pattern)
+  assert len(found) == (2 if scan else 1 + layers)
+  for eqn in found:
+    assert tuple(eqn.params["sharding"].spec)[:2] in ((("fsdp",), None), ("fsdp", None))
+
+
 def test_every_param_has_logical_axes():
   model = HybridLM(tiny_config("hgrn", num_layers=4, attn_ratio="3:1"), nnx.Rngs(0))
   for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
