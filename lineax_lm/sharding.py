@@ -48,7 +48,9 @@ RULES = {
 def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
   """cfg: the `mesh` section with sizes for data, fsdp, context, tensor; one of them may be -1 (the
   rest). A section without `context` (configs written before it existed) means context 1. devices:
-  default all of jax's (a TPU slice's for an ahead-of-time compile, lineax_lm.train.aot)."""
+  default all of jax's (a TPU slice's for an ahead-of-time compile, lineax_lm.train.aot). The
+  devices are laid out along the slice's torus (jax.make_mesh) unless that runs `context` across
+  processes; then `context` and `tensor` go within each process (`_host_local_layout`)."""
   sizes = [int(cfg[a]) if a != CONTEXT_AXIS or a in cfg else 1 for a in MESH_AXES]
   for axis, size in zip(MESH_AXES, sizes):
     if size < 1 and size != -1:

@@ -46,6 +46,8 @@ def test_tiny_step_compiles_for_four_v5e_chips(capsys):
   small = aot.Report(**{**report.__dict__, "chip": aot.Chip("TPU tiny", 1e12, 1, 1e9, 1)})
   with pytest.raises(aot.DoesNotFit, match=r"GiB per chip.*mesh \{'data': 2, 'fsdp': 2.*remat=full"):
     aot.raise_if_too_big(config, small)
+  config.model.scan_layers = True
+  assert "--config.model.scan_layers=False" in "\n".join(aot.suggestions(config, small))
 
 
 @pytest.mark.tpu_aot
