@@ -136,8 +136,10 @@ def suggestions(config, report: Report) -> list[str]:
     out.append(f"--config.model.remat=full (keeps only each layer's input for the backward; "
                f"temporaries are {report.temp_bytes / GIB:.1f} GiB a chip now)")
   if config.model.get("scan_layers"):
-    out.append("--config.model.scan_layers=False (unrolled layers hold less: gla_340m on v5p-8 "
-               "15.2 GiB a chip against 21.5 scanned, for twice the compile time)")
+    out.append("--config.model.scan_layers=False (unrolled layers often hold less, for twice the "
+               "compile time: gla_340m on v5p-8 15.2 GiB a chip against 21.5 scanned; not always: "
+               "the 340M GDN hybrid on v5e-8 needs 17.9 GiB of temporaries unrolled, 15.7 GiB in "
+               "all scanned)")
   accum = config.train.grad_accum
   if (config.data.global_batch_size // accum) % (2 * mesh["data"] * mesh["fsdp"]) == 0:
     out.append(f"--config.train.grad_accum={2 * accum} (half the activations at a time)")
@@ -238,8 +240,8 @@ TABLE_PRESETS += ["transformer_340m", "transformer_1.3b"]
 TABLE_TOPOLOGIES = ["v5e-8", "v5p-8", "v6e-8", "v5p-64", "v5p-128"]
 # bf16 compute on float32 parameters, FSDP over every chip, each layer's activations recomputed in
 # the backward; the layers as a scan, which compiles the repeating block once instead of 24 times
-# (half the compile time; unrolled layers hold somewhat less, and a row that misses names them in
-# its suggestions).
+# (half the compile time; unrolled layers often, not always, hold less: a row that misses names
+# them among its suggestions).
 COMMON_SETTINGS = ["--config.train.tokens=10_000_000_000", "--config.model.scan_layers=True",
                    "--config.model.dtype=bfloat16", "--config.model.remat=full", "--config.mesh.data=1"]
 TABLE_SETTINGS = COMMON_SETTINGS + ["--config.mesh.fsdp=-1", "--config.data.seq_len=4096",
