@@ -37,14 +37,24 @@ def scan_with_resets(step: Callable, state0, xs, segments: Segments | None = Non
   return finals, ys
 
 
+# Above this many bytes of carries over the whole sequence (what a plain scan's backward keeps),
+# `checkpointed_scan` keeps only every block's.
+MAX_KEPT_CARRY_BYTES = 1 << 28
+
+
 def checkpointed_scan(step: Callable, carry, xs, block: int | None = None):
   """`lax.scan(step, carry, xs)` whose gradient keeps the carry at every `block`-th step (default
-  about sqrt(T)) and recomputes the steps between, one block at a time. A recurrence's carry is its
-  state, so a plain scan's backward holds T states and each step's intermediates: 8 GiB for a
-  float32 gated delta rule at T=2048, H=2, K=256, V=512, more than a `gpu` test worker's share of
-  the device. Same values and gradients; the steps run once more in the backward."""
+  about sqrt(T), when the T carries exceed MAX_KEPT_CARRY_BYTES; else a plain scan) and recomputes
+  the steps between, one block at a time. A recurrence's carry is its state, so a plain scan's
+  backward holds T states and each step's intermediates: 8 GiB for a float32 gated delta rule at
+  T=2048, H=2, K=256, V=512, more than a `gpu` test worker's share of the device. Same values and
+  gradients; the steps run once more in the backward."""
   T = jax.tree_util.tree_leaves(xs)[0].shape[0]
-  block = block or max(1, int(T ** 0.5))
+  if block is None:
+    carry_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(carry))
+    if T * carry_bytes <= MAX_KEPT_CARRY_BYTES:
+      return lax.scan(step, carry, xs)
+    block = max(1, int(T ** 0.5))
   n = T // block
   if n <= 1:
     return lax.scan(step, carry, xs)
