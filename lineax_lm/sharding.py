@@ -56,7 +56,8 @@ def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
     if size < 1 and size != -1:
       raise ValueError(f"config.mesh.{axis}={size}: must be an integer >= 1, or -1 (all remaining "
                        "devices)")
-  n = jax.device_count() if devices is None else len(devices)
+  devices = jax.devices() if devices is None else devices
+  n = len(devices)
   if sizes.count(-1) > 1:
     raise ValueError(f"mesh: at most one of {MESH_AXES} may be -1; got {dict(zip(MESH_AXES, sizes))}")
   if -1 in sizes:
@@ -69,7 +70,6 @@ def make_mesh(cfg, devices=None) -> jax.sharding.Mesh:
                      f"there are {n}")
   # Auto axes: XLA propagates shardings from the parameters and the batch (no explicit-sharding types).
   axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  devices = jax.devices() if devices is None else devices
   try:
     mesh = jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
     if context_within_processes(mesh):

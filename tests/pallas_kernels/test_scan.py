@@ -32,8 +32,8 @@ def test_same_values_and_gradients_as_lax_scan(T, block):
 def test_backward_holds_a_fraction_of_the_states(monkeypatch):
   """A [64, 64] state over 1,024 steps: the plain scan's gradient keeps every step's state (the
   threshold lowered so that this small case is blocked)."""
-  from pallas_kernels.common import scan
-  monkeypatch.setattr(scan, "MAX_KEPT_CARRY_BYTES", 0)
+  from pallas_kernels.common import scan as scan_module
+  monkeypatch.setattr(scan_module, "MAX_KEPT_CARRY_BYTES", 0)
   xs = jax.ShapeDtypeStruct((1024, 64), jnp.float32)
 
   def temp_bytes(scan):
