@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import os
+import threading
 from typing import Sequence
 
 from lineax_lm.extras import require
@@ -58,12 +59,19 @@ def pivot_table(rows: Sequence[dict], *, row: str, col: str, value: str, fmt: st
 
 
 def write_atomically(path: str, write) -> str:
-  """Calls `write(f)` on `<path>.tmp`, then renames it to `path`: a run killed mid-write never leaves a
-  half-written file that a resume would trust. Returns `path`."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8", newline="") as f:
-    write(f)
-  os.replace(tmp, path)
+  """Calls `write(f)` on a temporary file beside `path`, then renames it to `path`: a run killed
+  mid-write never leaves a half-written file that a resume would trust. The temporary name is the
+  writer's own, so processes writing one file at once (a grid's parallel cells updating its
+  table) each rename a whole file. Returns `path`."""
+  tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   return path
 
 
