@@ -43,20 +43,34 @@ def apply_overrides(config, overrides) -> None:
     parent[names[-1]] = value
 
 
-def corpus_data(corpus: str) -> dict:
+def corpus_data(corpus: str, size=None) -> dict:
   """The data fields of a corpus folder made by lineax_lm.experiments.corpus (train shards and a
   held-out file, plain or gzip jsonl), or {} when `corpus` is empty (then `--config.data.paths=...`
-  names the data). Training reads the shards only; the grid's scores read the held-out file."""
+  names the data). Training reads the shards only; the grid's scores read the held-out file.
+  For a `size` whose corpus is sampled (`Size.sampled_corpus`) the shards are named one by one, so
+  the fingerprints say how many a cell trained on (a corpus sampled further is other data); a size
+  of CORPUS_TOKENIZER reads the folder's tokenizer/."""
   if not corpus:
     return {}
-  from lineax_lm.experiments.corpus import corpus_files
+  from lineax_lm.experiments.corpus import corpus_files, corpus_tokenizer, shard_paths
   files = corpus_files(corpus)
-  return dict(source="jsonl", paths=files["train"], heldout_paths=files["heldout"],
+  data = dict(source="jsonl", paths=files["train"], heldout_paths=files["heldout"],
               heldout_fraction=0.0)
+  if size is not None and size.sampled_corpus:
+    data["paths"] = ",".join(shard_paths(corpus))
+  if size is not None and size.tokenizer == sizes_lib.CORPUS_TOKENIZER:
+    data["tokenizer"] = corpus_tokenizer(corpus)
+  return data
 
 
-def default_corpus(size) -> str:
-  """The corpus folder a size reads when `--corpus` is not given: its shipped one, or "" (none)."""
+SAMPLED_CORPUS = "corpus"             # <out>/corpus: where a size's sampled corpus is made
+
+
+def default_corpus(size, out: str | None = None) -> str:
+  """The corpus folder a size reads when `--corpus` is not given: its shipped one, `<out>/corpus`
+  for a sampled one (`Size.sampled_corpus`; "" without `out`), or "" (none)."""
+  if size.sampled_corpus:
+    return os.path.join(out, SAMPLED_CORPUS) if out else ""
   if not size.corpus:
     return ""
   from lineax_lm.experiments.corpus import shipped_corpus
@@ -72,9 +86,13 @@ _UNSCORED_FIELDS = {
 }
 # The model fields that make one cell of a size differ from another (left out of the budget).
 _CELL_FIELDS = ("preset", "mixer", "attn_ratio", "attn_layers", "mixer_cfg", "linear_mlp_hidden")
-# Size fields that name a grid, say which cells it has or where its default corpus is, not how one
-# is run (a cell's seed is in its config).
-_GRID_FIELDS = ("name", "cells", "seeds", "corpus")
+# Size fields that name a grid, say which cells it has, where its default corpus is or when it
+# may run, not how one is run (a cell's seed is in its config).
+_GRID_FIELDS = ("name", "cells", "seeds", "corpus", "sampled_corpus", "reports_gate", "needs_gate")
+# Size fields a cell's config carries (model.vocab_size, model.tie_embeddings, train.grad_accum),
+# or that only say which checkpoints are kept (as train.checkpoint_every): counted in the config's
+# part, if at all.
+_CONFIG_SIZE_FIELDS = ("vocab_size", "tie_embeddings", "grad_accum", "checkpoint_tokens")
 
 
 def _digest(tree) -> str:
@@ -96,7 +114,10 @@ def fingerprint_tree(config, size) -> dict:
   for key in ("paths", "heldout_paths"):
     if isinstance(data.get(key), str):
       data[key] = [os.path.basename(p.strip()) for p in data[key].split(",") if p.strip()]
-  tree["size"] = {k: v for k, v in dataclasses.asdict(size).items() if k not in _GRID_FIELDS}
+  if data.get("tokenizer", "byte") != "byte":  # a tokenizer.json's folder: by name, as the data
+    data["tokenizer"] = os.path.basename(os.path.normpath(data["tokenizer"]))
+  tree["size"] = {k: v for k, v in dataclasses.asdict(size).items()
+                  if k not in _GRID_FIELDS + _CONFIG_SIZE_FIELDS}
   return tree
 
 
@@ -129,7 +150,7 @@ def build_cells(size_name: str, only: str = "", corpus: str | None = None, overr
   out = []
   for mixer, ratio, seed in sizes_lib.parse_cells(only, size):
     c = sizes_lib.cell_config(size, mixer, ratio, accelerator, seed)
-    c.data.update(corpus_data(corpus))
+    c.data.update(corpus_data(corpus, size))
     apply_overrides(c, overrides)
     out.append(dict(name=sizes_lib.cell_name(mixer, ratio, seed), mixer=mixer, ratio=ratio, seed=seed,
                     config=c,
@@ -209,15 +230,33 @@ def check_one_budget(results: list[dict]) -> None:
                      "one budget elsewhere, or rerun the grid (it sets stale cells aside)")
 
 
-def load_results(out: str) -> list[dict]:
+def _read_cell_files(out: str, file_name: str) -> list[dict]:
+  """The JSON file `file_name` of every cell folder under `<out>/cells` that has one, in the
+  grid's order (mixers and ratios as the study lists them, the Transformer last; then seeds): each
+  holds the cell's "mixer", "ratio" and "seed"."""
   folder = os.path.join(out, "cells")
-  results = []
+  found = []
   for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-    path = os.path.join(folder, name, "result.json")
+    path = os.path.join(folder, name, file_name)
     if os.path.exists(path):
       with open(path) as f:
-        results.append(json.load(f))
+        found.append(json.load(f))
   order = {cell: i for i, cell in enumerate(
       [(m, r) for m in sizes_lib.MIXERS for r in sizes_lib.RATIOS] + [sizes_lib.TRANSFORMER])}
-  return sorted(results, key=lambda r: (order.get((r.get("mixer"), r.get("ratio")), len(order)),
-                                       r.get("seed", 0)))
+  return sorted(found, key=lambda r: (order.get((r.get("mixer"), r.get("ratio")), len(order)),
+                                     r.get("seed", 0)))
+
+
+def load_results(out: str) -> list[dict]:
+  """Every finished cell's result.json under `out`, in the grid's order."""
+  return _read_cell_files(out, "result.json")
+
+
+NEEDLE_CURVE_FILE = "needle_curve.json"
+
+
+def load_needle_curves(out: str) -> list[dict]:
+  """Every cell's needle curve under `out` (scoring.score_needle_curve; a cell still training has
+  the points of its checkpoints so far), in the grid's order: {"name", "mixer", "ratio", "seed",
+  "settings", "points": [{"step", "tokens", "ruler": rows}]}."""
+  return _read_cell_files(out, NEEDLE_CURVE_FILE)

@@ -32,6 +32,14 @@ which compares mixers at one ratio, needs at least `MIN_SEEDS` seeds to give a v
      DeltaNet (`RECOMMENDED`), with the share of resamples where it is.
 Averages over mixers use only the mixers that have every cell compared, so a partial grid reads the
 claims on what it has, and says which mixers that is.
+
+The slice gate (`slice_gate`; the medium pilot's claims.md, sizes with `reports_gate`): the ratio
+slice at the medium size (Gated DeltaNet and HGRN-2 at every ratio, the Transformer) runs only if
+the pilot's Transformer (seed 0, its final checkpoint: result.json) scores at least GATE_THRESHOLD
+on GATE_TASK at GATE_LENGTH tokens. Below that it fails, where a positive control (control.json:
+the teacher) scored above CONTROL_FLOOR on the same task and length; without one it cannot tell
+(a 0 could be the scorer's). Without a finished Transformer cell it cannot tell. The grid runs a
+size that `needs_gate` only when it passes.
 """
 from __future__ import annotations
 
@@ -49,6 +57,9 @@ BOOTSTRAP = 2000
 CONFIDENCE = 0.95
 HYBRID_RATIOS = ("24:1", "12:1", "6:1", "3:1")
 RECOMMENDED = ("hgrn2", "gated_deltanet")
+GATE_TASK, GATE_LENGTH, GATE_THRESHOLD = "niah_single", 1024, 0.3
+GATE_RULE = (f"the Transformer's {GATE_TASK} at {GATE_LENGTH:,} tokens reaches {GATE_THRESHOLD} "
+             "at the end of the pilot")
 SOURCE = "Wang et al., A Systematic Analysis of Hybrid Linear Attention, arXiv:2507.06457"
 
 
@@ -249,6 +260,41 @@ def claim_best_mixer(results, metric, higher_is_better: bool) -> dict:
   return out
 
 
+# ----------------------------------------------------------------------------- the slice gate
+def ruler_accuracy(r, task: str, length: int) -> float | None:
+  """A result's (or control's) RULER-style accuracy on `task` at `length`; None where unscored."""
+  return next((row["accuracy"] for row in r.get("ruler", ())
+               if row["task"] == task and row["length"] == length), None)
+
+
+def slice_gate(results, control: dict | None = None) -> dict:
+  """The slice gate of the module docstring: {"transformer": its GATE_TASK accuracy at
+  GATE_LENGTH, "control": the positive control's, "passes", "verdict"}."""
+  transformer = [r for r in results if r["mixer"] == "transformer" and r.get("seed", 0) == 0]
+  value = ruler_accuracy(transformer[0], GATE_TASK, GATE_LENGTH) if transformer else None
+  ctrl = ruler_accuracy(control, GATE_TASK, GATE_LENGTH) if control else None
+  out = dict(transformer=value, control=ctrl, passes=False)
+  scored = f"the Transformer's {GATE_TASK} at {GATE_LENGTH:,} tokens is {fmt(value)}"
+  if value is None:
+    out["verdict"] = (f"cannot tell: no finished Transformer cell (seed 0) scored {GATE_TASK} at "
+                      f"{GATE_LENGTH:,} tokens")
+  elif value >= GATE_THRESHOLD:
+    out.update(passes=True, verdict=f"passes: {scored} (>= {GATE_THRESHOLD}): the ratio slice runs")
+  elif ctrl is None or ctrl <= CONTROL_FLOOR:
+    out["verdict"] = (f"cannot tell: {scored} (< {GATE_THRESHOLD}), and no positive control scored "
+                      f"above {CONTROL_FLOOR:g} on it (control.json: {fmt(ctrl)})")
+  else:
+    out["verdict"] = (f"fails: {scored} (< {GATE_THRESHOLD}; the positive control "
+                      f"{control.get('name', 'control')} scores {fmt(ctrl)}): the ratio slice "
+                      "does not run")
+  return out
+
+
+def reports_gate(results) -> bool:
+  """Whether any of `results` is of a size whose claims.md reports the slice gate."""
+  return any(getattr(sizes_lib.SIZES.get(r.get("size")), "reports_gate", False) for r in results)
+
+
 # ----------------------------------------------------------------------------- claims.md
 def recall_metrics(results) -> list[tuple]:
   """(metric, name) of the recall metrics the claims read: the hardest MQAR shape, the MQAR mean,
@@ -308,4 +354,13 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
             if q in c["best"] else "-" for q in ("pure", "6:1", "3:1")]
     rec = " / ".join(f"{c['recommended'][q]:.0%}" for q in ("6:1", "3:1")) if c["recommended"] else "-"
     lines.append(f"| {name} | " + " | ".join(best) + f" | {fmt(c['tau'], 2)} | {rec} | {c['verdict']} |")
+  if reports_gate(results):
+    gate = slice_gate(results, control)
+    lines += ["\n## The slice gate\n",
+              f"Rule, fixed before the pilot ran: the ratio slice (Gated DeltaNet and HGRN-2 at "
+              f"every ratio, the Transformer) runs only if {GATE_RULE}. Below it the gate fails "
+              f"where a positive control scored above {CONTROL_FLOOR:g} on the same task and "
+              "length, and cannot tell where none did.\n",
+              f"Transformer: {fmt(gate['transformer'])}; positive control: {fmt(gate['control'])}.",
+              f"\n**Verdict: {gate['verdict']}.**"]
   return "\n".join(lines) + "\n"

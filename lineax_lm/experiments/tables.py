@@ -1,6 +1,6 @@
 """What a grid folder reports: results.{md,csv,json} of every cell, tables.md (mixer x ratio
-pivots with 95% intervals over the seeds, per-task RULER, the positive control beside them),
-claims.md (lineax_lm.experiments.claims) and the plots."""
+pivots with 95% intervals over the seeds, per-task RULER, the positive control beside them, the
+needle curves), claims.md (lineax_lm.experiments.claims) and the plots."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,8 @@ import os
 from lineax_lm.eval import report
 from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
-from lineax_lm.experiments.plots import write_plots
+from lineax_lm.experiments.cells import load_needle_curves
+from lineax_lm.experiments.plots import write_needle_curves, write_plots
 from lineax_lm.experiments.scoring import load_control
 
 
@@ -39,11 +40,41 @@ def _pivot(results, value, fmt="{:.3f}") -> str:
       col_order=(*sizes_lib.RATIOS, "Transformer")).replace("col=", "")
 
 
-def tables_markdown(results: list[dict], control: dict | None = None) -> str:
+def needle_curve_markdown(curves: list[dict]) -> str:
+  """The needle curves (cells.load_needle_curves) as two tables, the gate's task and the mean of
+  the needle tasks, each with a line per cell and length and a column per checkpoint (the
+  training tokens it had seen)."""
+  curves = [c for c in curves if c["points"]]
+  if not curves:
+    return ""
+  def gate_task(point, length):
+    return claims.ruler_accuracy(point, claims.GATE_TASK, length)
+
+  def needle_mean(point, length):
+    at = [r["accuracy"] for r in point["ruler"]
+          if r["length"] == length and r["accuracy"] is not None]
+    return sum(at) / len(at) if at else None
+
+  marks = sorted({p["tokens"] for c in curves for p in c["points"]})
+  tokens = lambda n: f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+  parts = []
+  for title, value in ((claims.GATE_TASK, gate_task), ("mean of the needle tasks", needle_mean)):
+    rows = [dict(line=f"{sizes_lib.cell_label(c['mixer'], c['ratio'], c.get('seed', 0))}, {L:,} "
+                 "tokens", tokens=tokens(p["tokens"]), value=value(p, L))
+            for c in curves for L in c["settings"]["lengths"] for p in c["points"]]
+    parts += [f"\n## Needle accuracy against training tokens: {title}\n",
+              report.pivot_table(rows, row="line", col="tokens", value="value",
+                                 col_order=[tokens(n) for n in marks]).replace("tokens=", "")]
+  return "\n".join(parts)
+
+
+def tables_markdown(results: list[dict], control: dict | None = None,
+                    curves: list[dict] = ()) -> str:
   """The study's tables: LM metric, recall and MQAR by mixer x ratio, and RULER per task, with the
-  positive control's RULER-style scores beside them (`score_control`)."""
+  positive control's RULER-style scores beside them (`score_control`), then the needle curves of
+  `curves` (also of cells still training)."""
   if not results:
-    return "(no finished cells)\n"
+    return "(no finished cells)\n" + needle_curve_markdown(curves)
   size = results[0].get("size", "?")
   lengths = sorted({row["length"] for r in results for row in r.get("ruler", ())})
   control_line = [] if not control else [  # beside the RULER-style table it controls
@@ -67,7 +98,8 @@ def tables_markdown(results: list[dict], control: dict | None = None) -> str:
   task_rows = [dict(cell=r["name"], **task_means(r)) for r in results]
   if control:
     task_rows.append(dict(cell=f"control: {control['name']}", **task_means(control)))
-  parts += ["\n## RULER-style tasks (mean over lengths)\n", report.markdown_table(task_rows)]
+  parts += ["\n## RULER-style tasks (mean over lengths)\n", report.markdown_table(task_rows),
+            needle_curve_markdown(curves)]
   return "\n".join(parts) + "\n"
 
 
@@ -87,11 +119,14 @@ def write_outputs(results: list[dict], out: str) -> str:
     report.write_rows(results, os.path.join(out, "results"), COLUMNS, "Hybrid-ratio study: every cell",
                       formats={"attention_share": "{:.3f}", "train_flops": "{:.3g}"})
   control = load_control(out)
-  md = tables_markdown(results, control)
+  curves = load_needle_curves(out)
+  md = tables_markdown(results, control, curves)
   report.write_atomically(os.path.join(out, "tables.md"), lambda f: f.write(md))
   claims_md = claims.claims_markdown(results, control)
   report.write_atomically(os.path.join(out, "claims.md"), lambda f: f.write(claims_md))
   from lineax_lm.extras import available
-  if results and available("matplotlib"):
-    write_plots(results, out)
+  if available("matplotlib"):
+    if results:
+      write_plots(results, out)
+    write_needle_curves(curves, out)
   return md

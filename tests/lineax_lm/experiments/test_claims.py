@@ -121,3 +121,39 @@ def test_a_partial_grid_cannot_tell():
   assert claims.claim_best_mixer(results, "heldout_bits_per_byte", False)["verdict"].startswith("cannot tell")
   assert claims.claim_recall(results, (512, 64))["verdict"] == "cannot tell: no mixer has every hybrid ratio"
   assert "cannot tell" in claims.claims_markdown([])
+
+
+def pilot(needle_at_1k=None, size="medium"):
+  """The medium pilot's three cells; the Transformer's niah_single at 1,024 tokens `needle_at_1k`
+  (None: the Transformer has not finished)."""
+  cells = [("gated_deltanet", "3:1"), ("gated_deltanet", "pure")]
+  cells += [sizes_lib.TRANSFORMER] if needle_at_1k is not None else []
+  return [dict(name=sizes_lib.cell_name(m, q), mixer=m, ratio=q, seed=0, size=size,
+               label=sizes_lib.label(m), attention_share=SHARE.get(q, 1.0),
+               ruler=[dict(task="niah_single", length=L, accuracy=needle_at_1k if m == "transformer"
+                           else 0.0) for L in (512, 1024, 2048)]) for m, q in cells]
+
+
+def test_the_slice_gate_reads_the_transformers_single_needle_at_1k():
+  teacher = dict(name="smollm2", description="the teacher",
+                 ruler=[dict(task="niah_single", length=1024, accuracy=1.0)])
+  passed = claims.slice_gate(pilot(0.3), teacher)
+  assert passed["passes"] and passed["verdict"] == ("passes: the Transformer's niah_single at "
+                                                    "1,024 tokens is 0.300 (>= 0.3): the ratio "
+                                                    "slice runs")
+  failed = claims.slice_gate(pilot(0.28), teacher)
+  assert not failed["passes"] and failed["verdict"].startswith("fails: ")
+  assert "smollm2 scores 1.000" in failed["verdict"]
+  # below the threshold with no control that scored: a 0 could be the scorer's
+  for control in (None, dict(teacher, ruler=[dict(task="niah_single", length=1024, accuracy=0.0)])):
+    verdict = claims.slice_gate(pilot(0.0), control)
+    assert not verdict["passes"] and verdict["verdict"].startswith("cannot tell: ")
+  assert claims.slice_gate(pilot(None), teacher)["verdict"] == (
+      "cannot tell: no finished Transformer cell (seed 0) scored niah_single at 1,024 tokens")
+
+
+def test_claims_md_reports_the_gate_for_the_medium_sizes_only():
+  md = claims.claims_markdown(pilot(0.5))
+  assert "## The slice gate" in md and "**Verdict: passes: " in md
+  assert "## The slice gate" in claims.claims_markdown(pilot(None, size="medium_slice"))
+  assert "## The slice gate" not in claims.claims_markdown(pilot(0.5, size="small"))

