@@ -116,9 +116,13 @@ def run_cell(cell: dict, size, out: str) -> dict:
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
                 train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
                 train_seconds=train_seconds)
+  final_ruler = None   # the needle curve's point at the final step, where it is every task's
   if size.checkpoint_tokens:
-    score_needle_curve(cell_dir, size)
-  result.update(score_cell(cell_dir, size))
+    curve = score_needle_curve(cell_dir, size)
+    if (curve["points"] and curve["points"][-1]["step"] == summary.get("step")
+        and curve["settings"]["tasks"] == list(size.ruler_tasks)):
+      final_ruler = curve["points"][-1]["ruler"]
+  result.update(score_cell(cell_dir, size, final_ruler))
   result["seconds"] = round(time.time() - start, 1)
   report.write_json(path, result)
   return result

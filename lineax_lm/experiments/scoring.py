@@ -14,15 +14,16 @@ from lineax_lm.eval import report
 from lineax_lm.experiments.cells import NEEDLE_CURVE_FILE, heldout_config
 
 
-def score_cell(cell_dir: str, size) -> dict:
-  """Loads the cell's trained model and scores it on its own held-out split (`score_model`), with
-  the training FLOPs its run config gives."""
+def score_cell(cell_dir: str, size, scored_ruler=None) -> dict:
+  """Loads the cell's trained model and scores it on its own held-out split (`score_model`;
+  `scored_ruler`: its RULER-style rows, already scored on the final checkpoint), with the training
+  FLOPs its run config gives."""
   from lineax_lm.eval.efficiency import model_costs
   from lineax_lm.eval.loading import data_tokenizer, load_checkpoint
   trained, run_config, _ = load_checkpoint(os.path.join(cell_dir, "run"))
   out = score_model(trained, data_tokenizer(run_config),
                     heldout_documents(heldout_config(run_config), size.ppl_documents), size,
-                    max_len=run_config.data.seq_len)
+                    max_len=run_config.data.seq_len, scored_ruler=scored_ruler)
   train_costs = model_costs(trained.config, run_config.data.seq_len // 2)
   per_token = (train_costs["projection_flops"] + train_costs["mixing_flops"]
                + 2 * trained.config.hidden * trained.config.vocab_size)  # forward, causal mean context
@@ -38,11 +39,14 @@ def heldout_documents(data_config, count: int) -> list[str]:
   return [src[i] for i in range(min(len(src), count))]
 
 
-def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int) -> dict:
+def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int,
+                scored_ruler=None) -> dict:
   """The scores of the module docstring (all but the training FLOPs) of model `trained` (a
   HybridLM) under `size`'s evaluation settings: held-out perplexity and bits per byte of
   `documents` in rolling windows of `max_len` tokens of `tokenizer`, the RULER-style tasks, MQAR
-  and the efficiency rows."""
+  and the efficiency rows. `scored_ruler`: the RULER-style rows of this model, every task of the
+  size already scored under its settings (the needle curve's final point), taken instead of
+  scoring."""
   import numpy as np
   from lineax_lm.eval import efficiency, language, mqar, ruler
   from lineax_lm.eval.scoring import MIN_BUCKET, Scorer
@@ -55,7 +59,8 @@ def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int)
   ppl = language.perplexity(model, tokenizer, documents, max_len=max_len, batch_size=size.eval_batch)
   out.update(heldout_perplexity=ppl["perplexity"], heldout_bits_per_byte=ppl["bits_per_byte"],
              heldout_tokens=ppl["tokens"])
-  rows = ruler_rows(trained, tokenizer, size, size.ruler_tasks, scorer=model)
+  rows = list(scored_ruler) if scored_ruler is not None else ruler_rows(
+      trained, tokenizer, size, size.ruler_tasks, scorer=model)
   out["ruler"] = rows
   out.update(ruler.ruler_means(rows))
   mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(

@@ -44,7 +44,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   cell_keys = {"name", "mixer", "ratio", "attn_layers", "attention_share", "effective_ratio", "size",
                "label", "steps", "train_loss", "tokens_per_s", "train_seconds", "seconds"}
   scores = {k: v for k, v in results[1].items() if k not in cell_keys}
-  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size: dict(scores))  # scored above
+  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size, scored_ruler=None: dict(scores))  # scored above
   again = grid.run_grid("tiny", out, progress=False, accelerator=False, only="transformer")
   assert len(trained) == 1 and trained[0].endswith(os.path.join("transformer", "run"))
   assert open(metrics).read() == logged                   # resumed at its last step: no step retrained
@@ -76,7 +76,7 @@ def test_a_result_of_another_config_is_set_aside_and_the_cell_reruns(tmp_path, m
   trained = []
   monkeypatch.setattr(grid, "train_cell",
                       lambda config, run_dir: trained.append(run_dir) or {"step": 1, "loss": 1.0})
-  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size: dict(heldout_bits_per_byte=2.0))
+  monkeypatch.setattr(grid, "score_cell", lambda cell_dir, size, scored_ruler=None: dict(heldout_bits_per_byte=2.0))
   result = grid.run_cell(cell, size, out)
   assert len(trained) == 1 and result["config_fingerprint"] == cell["config_fingerprint"]
   assert result["heldout_bits_per_byte"] == 2.0 and cells.finished(out, cell)
