@@ -101,17 +101,18 @@ def with_transition_columns(call, args, value_index: int, state, here: Slice):
   compute the first segment's K x K transition P (S_out = P S_in + B) in the final state and the
   factor P_t^T (scale q_t) through which S_in reaches o_t in the output, in the same op call as o
   and B, sharing its key-side work (the chunks' WY factors); the op's own varlen resets confine them
-  to the first segment. Returns (o, final states, A [R, H, K, K], Q [B, T, H, K] float32)."""
+  to the first segment. Returns (o, final states, A [R, H, K, K], Q [B, T, H, K] in o's dtype)."""
   v = args[value_index]
   K, V = args[0].shape[-1], v.shape[-1]
-  wide_v = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (K,), v.dtype)], -1)
+  # padded, not concatenated with zeros: the zeros' tangent would be saved for the backward
+  wide_v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, K)])
   rows, H = state.shape[:2]
   eye = jnp.broadcast_to(jnp.eye(K, dtype=F32), (rows, H, K, K))
   if here.first_row is not None:
     eye = jnp.where((jnp.arange(rows) == here.first_row)[:, None, None, None], eye, 0.0)
   wide_args = args[:value_index] + (wide_v,) + args[value_index + 1:]
   o, S = call(wide_args, jnp.concatenate([state, eye], -1), here.cu_local)
-  return o[..., :V], S[..., :V], take_row(S[..., V:], here.first_row), o[..., V:].astype(F32)
+  return o[..., :V], S[..., :V], take_row(S[..., V:], here.first_row), o[..., V:]
 
 
 def apply_diagonal(A, B, S):
@@ -125,8 +126,8 @@ def apply_matrix(A, B, S):
 
 
 def correct_matrix(Q, S):
-  """o_t += S^T Q_t: Q [B, T, H, K], S [B or 1, H, K, V] -> [B, T, H, V]."""
-  return jnp.einsum("bthk,bhkv->bthv", Q, S, precision=lax.Precision.HIGHEST)
+  """o_t += S^T Q_t: Q [B, T, H, K], S [B or 1, H, K, V] -> [B, T, H, V] float32."""
+  return jnp.einsum("bthk,bhkv->bthv", Q.astype(F32), S, precision=lax.Precision.HIGHEST)
 
 
 # --- the slice's place in the sequence -----------------------------------------------------------
@@ -251,7 +252,12 @@ def run(transition: Transition, call, args: tuple, initial_state, cu_seqlens, ax
   if Q is None:
     o, S = call(args, put_row(initial_state, here.first_row, S_in, here.crossing), here.cu_local)
   else:
-    o = (o.astype(F32) + jnp.where(here.crossing, transition.correct(Q, S_in), 0.0)).astype(o.dtype)
+    # S_in is masked rather than its [B, T, H, V] share of o (correct is linear in S_in), and the
+    # share is recomputed in the backward: the pass saves Q as it came and S_in, not a float32 Q,
+    # the share and a broadcast mask (under segment parallelism the mask varies by segment), which
+    # took 2.6x the op's own residuals at B=1 T=32k K=256 V=512.
+    S_share = tree_map(lambda s, z: jnp.where(here.crossing, s, z), S_in, transition.zero_state(S_in))
+    o = (o.astype(F32) + jax.checkpoint(transition.correct)(Q, S_share)).astype(o.dtype)
     first = take_row(S, here.first_row)
     S = put_row(S, here.first_row, transition.apply(A, first, S_in), here.crossing)
   if not output_final_state:
