@@ -13,8 +13,9 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source "$(dirname "$0")/../launch/h200_env.sh"
-# fla 0.6.0 (module fla, from the fla-core wheel) and einops travel in .whl/ with the rest
-install_missing_wheels fla:fla_core einops:einops || exit 2
+# fla 0.6.0 (its ops from the fla-core wheel, its models from flash-linear-attention) and einops
+# travel in .whl/ with the rest
+install_missing_wheels fla:fla_core fla.models:flash_linear_attention einops:einops || exit 2
 PRESETS=${PRESETS:-gated_deltanet_340m_fla,gated_deltanet_340m_fla@auto,gated_deltanet_340m_fla:3:1,transformer_340m}
 for T in ${LENGTHS:-32768 65536 131072}; do
   remat=none; [ "$T" -gt "${REMAT_ABOVE:-65536}" ] && remat=full
@@ -25,10 +26,12 @@ for T in ${LENGTHS:-32768 65536 131072}; do
   grep "^|" "$OUT/long_T$T.log" | tail -n 8
 done
 python3 - "$OUT" <<'PY'
-import glob, json, os, sys
+import glob, json, os, re, sys
 rows = {}
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "long_T*.json")), key=lambda p: int(p.split("_T")[-1][:-5])):
-  T = int(path.split("_T")[-1][:-5])
+# long_T<T>.json holds every preset's row (train_step.py also writes long_T<T>.<preset>.json)
+files = {int(m.group(1)): p for p in glob.glob(os.path.join(sys.argv[1], "long_T*.json"))
+        if (m := re.fullmatch(r"long_T(\d+)\.json", os.path.basename(p)))}
+for T, path in sorted(files.items()):
   for r in json.load(open(path)):
     rows.setdefault(r["preset"].split(" (")[0], {})[T] = r
 lengths = sorted({T for by_T in rows.values() for T in by_T})
