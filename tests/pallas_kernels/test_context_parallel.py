@@ -154,7 +154,8 @@ def test_gpu_kernel_sharded_equals_unsharded():
 
 # Segment parallelism is the same program with the slices as a vmap axis of one device: every family
 # on the reference in both layouts, at 4 segments (sequences crossing two boundaries); the chunked
-# xla path and a GPU kernel in interpret mode as above.
+# xla path as above, and in interpret mode GLA's GPU kernels and GDN's (the K x K transition as
+# extra value columns of the vmapped kernels: the 340M GDN's path at B=1 and long T).
 @pytest.mark.slow
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "cu_seqlens"])
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -164,7 +165,8 @@ def test_family_in_segments_equals_whole(family, varlen):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family,backend,kw", [("gated_delta_rule", "xla", {}), ("mlstm", "xla", {}),
-                                               ("gla", "gpu", {"interpret": True})])
+                                               ("gla", "gpu", {"interpret": True}),
+                                               ("gated_delta_rule", "gpu", {"interpret": True})])
 def test_backends_in_segments_equal_whole(family, backend, kw):
   check_context_parallel(FAMILIES[family], 2, True, backend=backend, split=segmented, **kw)
 
