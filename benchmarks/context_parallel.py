@@ -62,10 +62,10 @@ def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int
   for label, fn, xs in (("plain", plain, batch), ("cp", cp, sliced)):
     o = jax.jit(fn)(*xs)
     do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
-    loss = lambda *a, fn=fn, do=do: jnp.sum(fn(*a).astype(jnp.float32) * do)
-    grad = jax.jit(jax.grad(loss, argnums=tuple(range(len(xs))))).lower(*xs).compile()
+    loss = lambda do, *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32) * do)  # do: an argument
+    grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(xs) + 1)))).lower(do, *xs).compile()
     row[f"{label}_fwd_ms"] = device_ms(jax.jit(fn), *xs)
-    row[f"{label}_fwdbwd_ms"] = device_ms(grad, *xs)
+    row[f"{label}_fwdbwd_ms"] = device_ms(grad, do, *xs)
     row[f"{label}_peak_GiB"] = peak_gib(grad)
     del grad, o
   row["fwd_ratio"] = row["cp_fwd_ms"] / row["plain_fwd_ms"]
@@ -93,6 +93,7 @@ def main(argv=None):
         print(f"{name} T_slice={T}: stopped ({type(e).__name__}: {str(e)[:200]})", flush=True)
         break
       print(json.dumps(rows[-1]), flush=True)
+  os.makedirs(a.out, exist_ok=True)
   with open(os.path.join(a.out, "context_parallel.json"), "w") as f:
     json.dump(rows, f, indent=1)
   print(f"\n| op | T per slice x {a.slices} | plain fwd / fwd+bwd ms | cp fwd / fwd+bwd ms | "
