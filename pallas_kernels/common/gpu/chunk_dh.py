@@ -118,4 +118,4 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
-                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel), {9: 2})(*args)
+                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel, dh=True), {9: 2})(*args)

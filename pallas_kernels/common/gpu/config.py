@@ -17,6 +17,7 @@ class Config(NamedTuple):
                           # and split each product over K alike; None: state_key_block's default
   warps_state: int = 4
   stages_state: int = 2
+  stages_dh: int | None = None  # the dh pass's stages where they differ from stages_state's
   split_output: bool | None = None  # the forward's output by chunk_o.output_pass after the state
                           # pass instead of inside its chunk loop; None: split_output's default
   bv_output: int = 64     # value tile of the chunk-parallel output kernel
@@ -57,15 +58,18 @@ def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
   return 64 if K > 128 and not per_channel else K
 
 
-def state_stages(cfg: Config, K: int, per_channel: bool) -> int:
-  """Pipeline stages of the state / dh passes. Two stages of a per-channel pass's streamed [C, K]
-  tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200 block has
-  (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB; one stage
-  needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 (state_key_block) run with one
-  stage, the configuration that was timed."""
+def state_stages(cfg: Config, K: int, per_channel: bool, dh: bool = False) -> int:
+  """Pipeline stages of the state passes (`dh`: of the dh pass). Two stages of a per-channel pass's
+  streamed [C, K] tiles (q, k, w and the float32 gates) need more shared memory than an H100 / H200
+  block has (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB;
+  one stage needs 84 / 92 KiB. The default [64, BV] blocks above K = 128 (state_key_block) run with
+  one stage, the configuration that was timed. With those blocks given (bk_state=64), two stages
+  fit at K = 256, V = 512 (compiled for sm_90a, `gpu_aot`): the state pass in 112 KiB without
+  spills, the dh pass in 181 KiB with 796 bytes of spills a thread (440 at one stage), so
+  stages_dh can keep the dh pass at one stage while the state passes pipeline their loads."""
   if K > 128 and (per_channel or cfg.bk_state is None):
     return 1
-  return cfg.stages_state
+  return cfg.stages_dh if dh and cfg.stages_dh is not None else cfg.stages_state
 
 
 def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
