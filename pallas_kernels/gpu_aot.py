@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 SHARED_LIMIT = 227 * 1024   # bytes of shared memory one block may use on sm_90 (H100, H200)
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -76,7 +77,9 @@ def triton_kernels(fn, *args) -> list[Kernel]:
 
 def compile_sm90(folder: str) -> list[dict]:
   """Compiles each kernel of `folder` (kernels.json and its .ttir files, `write_kernels`) for
-  sm_90a with pip's triton: shared bytes (Triton's allocation), registers and spill stores (ptxas)."""
+  sm_90a with pip's triton: shared bytes (Triton's allocation), registers and spill stores (ptxas),
+  and Triton's compile seconds (TTIR to a cubin on this host: what XLA spends on the kernel while
+  compiling a model's step on the GPU host, there on its own CPU)."""
   import triton
   from triton.backends.compiler import GPUTarget
   from triton.backends.nvidia import compiler as nvidia
@@ -85,24 +88,46 @@ def compile_sm90(folder: str) -> list[dict]:
     ptxas = nvidia.get_ptxas(90).path
   except TypeError:
     ptxas = nvidia.get_ptxas().path
-  rows = []
-  for kernel in json.load(open(os.path.join(folder, "kernels.json"))):
-    path = os.path.join(folder, kernel["file"])
-    compiled = triton.compile(path, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=kernel["num_warps"],
-                                           num_stages=kernel["num_stages"]))
-    ptx = path[:-len(".ttir")] + ".ptx"
-    with open(ptx, "w") as f:
-      f.write(compiled.asm["ptx"])
-    report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.devnull],
-                            capture_output=True, text=True, check=True).stderr
-    registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    rows.append({**{k: kernel[k] for k in ("name", "num_warps", "num_stages")},
-                 "shared": compiled.metadata.shared,
-                 "registers": int(registers.group(1)) if registers else None,
-                 "spill_stores": int(spills.group(1)) if spills else 0})
+
+  def compile_one(kernel):
+    return triton.compile(os.path.join(folder, kernel["file"]), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=kernel["num_warps"], num_stages=kernel["num_stages"]))
+
+  kernels = json.load(open(os.path.join(folder, "kernels.json")))
+  # Triton's cache would answer a kernel compiled before at once, and the first compile of a
+  # process loads its backend: compile_s is each kernel compiled anew, after one warm-up
+  always = os.environ.get("TRITON_ALWAYS_COMPILE")
+  os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+  try:
+    if kernels:
+      compile_one(kernels[0])
+    rows = [_compiled_row(folder, kernel, compile_one, ptxas) for kernel in kernels]
+  finally:
+    if always is None:
+      del os.environ["TRITON_ALWAYS_COMPILE"]
+    else:
+      os.environ["TRITON_ALWAYS_COMPILE"] = always
   return rows
+
+
+def _compiled_row(folder: str, kernel: dict, compile_one, ptxas: str) -> dict:
+  """One kernel of `compile_sm90`: compiled (timed), its PTX written beside its TTIR, read by
+  ptxas."""
+  start = time.perf_counter()
+  compiled = compile_one(kernel)
+  seconds = time.perf_counter() - start
+  path = os.path.join(folder, kernel["file"])
+  ptx = path[:-len(".ttir")] + ".ptx"
+  with open(ptx, "w") as f:
+    f.write(compiled.asm["ptx"])
+  report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.devnull],
+                          capture_output=True, text=True, check=True).stderr
+  registers = re.search(r"Used (\d+) registers", report)
+  spills = re.search(r"(\d+) bytes spill stores", report)
+  return {**{k: kernel[k] for k in ("name", "num_warps", "num_stages")},
+          "shared": compiled.metadata.shared,
+          "registers": int(registers.group(1)) if registers else None,
+          "spill_stores": int(spills.group(1)) if spills else 0, "compile_s": seconds}
 
 
 def write_kernels(kernels: list[Kernel], folder: str) -> None:
@@ -200,8 +225,8 @@ def main(argv=None):
     except ImportError:
       cli.fail("this Python has no `triton` (pip install triton, a CUDA build): or give "
                "--triton_python PATH")
-  print("| op | BxT | kernel | warps | stages | shared KiB | registers | spill bytes | sm_90 |")
-  print("|---|---|---|---:|---:|---:|---:|---:|---|")
+  print("| op | BxT | kernel | warps | stages | shared KiB | registers | spill bytes | compile s | sm_90 |")
+  print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
   failed = 0
   for family in a.ops:
     for shape in a.shapes:
@@ -211,7 +236,7 @@ def main(argv=None):
         failed += bool(problems)
         print(f"| {family} | {shape} | {row['name']} | {row['num_warps']} | {row['num_stages']} | "
               f"{row['shared'] / 1024:.0f} | {row['registers']} | {row['spill_stores']} | "
-              f"{'; '.join(problems) or 'fits'} |", flush=True)
+              f"{row['compile_s']:.1f} | {'; '.join(problems) or 'fits'} |", flush=True)
   sys.exit(1 if failed else 0)
 
 
