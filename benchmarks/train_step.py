@@ -231,12 +231,26 @@ def run_each_in_process(a, specs: list[str]) -> list[dict]:
         args.append(f"--{key}={getattr(a, key)}")
     args += ["--hlo"] if a.hlo else []
     args += [f"--config.{field}={value}" for field, value in a.overrides.items()]
-    if subprocess.run(args, check=False).returncode == 0 and os.path.exists(part):
+    returncode, why = _run_echoing_stderr(args)
+    if returncode == 0 and os.path.exists(part):
       with open(part) as f:
         rows += json.load(f)
     else:
-      rows.append(dict(preset=spec, error="its process failed (its output is above)"))
+      rows.append(dict(preset=spec, error=f"its process failed: {why or f'exit code {returncode}'}"))
   return rows
+
+
+def _run_echoing_stderr(args: list[str]) -> tuple[int, str]:
+  """Runs `args`, its stderr passed on line by line as it comes (a run killed from outside keeps
+  what it printed); returns (exit code, its last error line: e.g. XLA's out-of-memory line)."""
+  child = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, errors="replace")
+  why = ""
+  for line in child.stderr:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    if "Error" in line.split(":", 1)[0] or "RESOURCE_EXHAUSTED" in line:
+      why = line.strip()[:300]
+  return child.wait(), why
 
 
 def define_flags(fv, argv: list[str]) -> None:
