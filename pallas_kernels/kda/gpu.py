@@ -75,8 +75,8 @@ class Config(NamedTuple):
   bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
   warps_scores: int = 8   # the score-gradient kernel
   warps_scores_fwd: int = 8  # the score kernel of the forward
-  stages_scores_fwd: int = 1  # and its pipeline stages: its key-tile loop's loads at one stage
-                              # wait, at one 8-warp program an SM (1.51 of the 2.46 ms forward)
+  stages_scores_fwd: int = 1  # and its pipeline stages (at one, each key tile's loads are
+                              # waited for: one 8-warp program an SM, 1.51 of the forward's 2.46 ms)
 
 
 DEFAULT = Config()
