@@ -313,9 +313,12 @@ def main(argv=None):
 
 
 def commit() -> str:
+  """The checkout's commit, "-dirty" where the files differ from it (a copy of a working tree
+  whose .git is older than its files reads so too)."""
   try:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                          text=True, check=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
