@@ -27,20 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
-from pallas_kernels.bench import device_ms, make_inputs, op_of  # noqa: E402
+from pallas_kernels.bench import device_ms, fwd_bwd, make_inputs, op_of, peak_gib  # noqa: E402
 
 AXIS = "context"
-
-
-def peak_gib(compiled) -> float:
-  try:
-    m = compiled.memory_analysis()
-    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-            - m.alias_size_in_bytes) / 2**30
-  except Exception:  # memory_analysis is not available on every backend
-    return float("nan")
 
 
 def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int,
@@ -60,14 +50,11 @@ def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int
   plain = lambda *a: op(*a, **kw)[0]
   row = dict(op=name, backend=backend, slices=slices, T_slice=T)
   for label, fn, xs in (("plain", plain, batch), ("cp", cp, sliced)):
-    o = jax.jit(fn)(*xs)
-    do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
-    loss = lambda do, *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32) * do)  # do: an argument
-    grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(xs) + 1)))).lower(do, *xs).compile()
+    grad, do, _ = fwd_bwd(fn, xs)
     row[f"{label}_fwd_ms"] = device_ms(jax.jit(fn), *xs)
     row[f"{label}_fwdbwd_ms"] = device_ms(grad, do, *xs)
-    row[f"{label}_peak_GiB"] = peak_gib(grad)
-    del grad, o
+    row[f"{label}_peak_GiB"] = peak_gib(grad)[0]
+    del grad, do
   row["fwd_ratio"] = row["cp_fwd_ms"] / row["plain_fwd_ms"]
   row["fwdbwd_ratio"] = row["cp_fwdbwd_ms"] / row["plain_fwdbwd_ms"]
   return row

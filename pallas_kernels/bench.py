@@ -125,23 +125,13 @@ class Timer:
   def time_op(self, name, backend, inputs, config=None, memory=True):
     fn, names = self.op_fn(name, backend, config)
     args = tuple(inputs[n] for n in names)
-    fwd = jax.jit(fn)
-    o = fwd(*args)
-    do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
-    # do is an argument, not a constant of the program: XLA would fold its transposes at compile
-    # time (seconds at these sizes, in compile_s), work a training step does at run time
-    loss = lambda do, *a: jnp.sum(fn(*a).astype(jnp.float32) * do)
-    t0 = time.perf_counter()
-    grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(args) + 1)))).lower(do, *args).compile()
-    row = dict(compile_s=time.perf_counter() - t0)
-    row.update(fwd_ms=self.device_ms(fwd, *args), fwdbwd_ms=self.device_ms(grad, do, *args))
+    grad, do, compile_s = fwd_bwd(fn, args)
+    row = dict(compile_s=compile_s)
+    row.update(fwd_ms=self.device_ms(jax.jit(fn), *args), fwdbwd_ms=self.device_ms(grad, do, *args))
     if memory:
-      try:
-        m = grad.memory_analysis()
-        row["peak_GiB"] = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                           - m.alias_size_in_bytes) / 2**30
-      except Exception as e:  # memory_analysis is not available on every backend
-        row["peak_GiB"], row["peak_error"] = float("nan"), repr(e)[:100]
+      row["peak_GiB"], error = peak_gib(grad)
+      if error:
+        row["peak_error"] = error
     return row
 
   def trace_op(self, name, backend, inputs, trace_dir, calls=5):
@@ -192,6 +182,30 @@ class Timer:
     stages["bwd.wy"] = (lambda k, v, G, b, Ti, dw, dvn, dk1, dG1: gpu._bwd_wy(k, v, G, b, Ti, dw, dvn, dk1, dG1, st),
                         (k, v, G, b, Tinv, dw, dvn, dk1, dG1))
     return {name: self.device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
+
+
+def fwd_bwd(fn, args):
+  """The forward+backward a benchmark times: (the compiled gradient of sum(fn(*args) * do) with
+  respect to every input, called as grad(do, *args); do, a fixed random cotangent; its compile
+  seconds). do is an argument, not a constant of the program: XLA would fold its transposes while
+  compiling (seconds at these sizes, in compile_s), work a training step does at run time."""
+  o = jax.eval_shape(fn, *args)
+  do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
+  loss = lambda do, *a: jnp.sum(fn(*a).astype(jnp.float32) * do)  # noqa: E731
+  t0 = time.perf_counter()
+  grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(args) + 1)))).lower(do, *args).compile()
+  return grad, do, time.perf_counter() - t0
+
+
+def peak_gib(compiled) -> tuple[float, str | None]:
+  """(peak GiB of a compiled program: arguments, outputs and temporaries less the aliased, None),
+  or (NaN, why) where the backend has no memory analysis."""
+  try:
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes) / 2**30, None
+  except Exception as e:  # memory_analysis is not available on every backend
+    return float("nan"), repr(e)[:100]
 
 
 def device_ms(fn, *args, calls=10, reps=7):
