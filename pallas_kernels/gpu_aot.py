@@ -98,36 +98,31 @@ def compile_sm90(folder: str) -> list[dict]:
   # process loads its backend: compile_s is each kernel compiled anew, after one warm-up
   always = os.environ.get("TRITON_ALWAYS_COMPILE")
   os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+  rows = []
   try:
     if kernels:
       compile_one(kernels[0])
-    rows = [_compiled_row(folder, kernel, compile_one, ptxas) for kernel in kernels]
+    for kernel in kernels:
+      start = time.perf_counter()
+      compiled = compile_one(kernel)
+      seconds = time.perf_counter() - start
+      ptx = os.path.join(folder, kernel["file"])[:-len(".ttir")] + ".ptx"
+      with open(ptx, "w") as f:
+        f.write(compiled.asm["ptx"])
+      report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.devnull],
+                              capture_output=True, text=True, check=True).stderr
+      registers = re.search(r"Used (\d+) registers", report)
+      spills = re.search(r"(\d+) bytes spill stores", report)
+      rows.append({**{k: kernel[k] for k in ("name", "num_warps", "num_stages")},
+                   "shared": compiled.metadata.shared,
+                   "registers": int(registers.group(1)) if registers else None,
+                   "spill_stores": int(spills.group(1)) if spills else 0, "compile_s": seconds})
   finally:
     if always is None:
       del os.environ["TRITON_ALWAYS_COMPILE"]
     else:
       os.environ["TRITON_ALWAYS_COMPILE"] = always
   return rows
-
-
-def _compiled_row(folder: str, kernel: dict, compile_one, ptxas: str) -> dict:
-  """One kernel of `compile_sm90`: compiled (timed), its PTX written beside its TTIR, read by
-  ptxas."""
-  start = time.perf_counter()
-  compiled = compile_one(kernel)
-  seconds = time.perf_counter() - start
-  path = os.path.join(folder, kernel["file"])
-  ptx = path[:-len(".ttir")] + ".ptx"
-  with open(ptx, "w") as f:
-    f.write(compiled.asm["ptx"])
-  report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.devnull],
-                          capture_output=True, text=True, check=True).stderr
-  registers = re.search(r"Used (\d+) registers", report)
-  spills = re.search(r"(\d+) bytes spill stores", report)
-  return {**{k: kernel[k] for k in ("name", "num_warps", "num_stages")},
-          "shared": compiled.metadata.shared,
-          "registers": int(registers.group(1)) if registers else None,
-          "spill_stores": int(spills.group(1)) if spills else 0, "compile_s": seconds}
 
 
 def write_kernels(kernels: list[Kernel], folder: str) -> None:
