@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from lineax_lm.eval import report
+from lineax_lm.eval.ruler import ruler_means
 from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
 from lineax_lm.experiments.cells import load_needle_curves
@@ -51,9 +52,7 @@ def needle_curve_markdown(curves: list[dict]) -> str:
     return claims.ruler_accuracy(point, claims.GATE_TASK, length)
 
   def needle_mean(point, length):
-    at = [r["accuracy"] for r in point["ruler"]
-          if r["length"] == length and r["accuracy"] is not None]
-    return sum(at) / len(at) if at else None
+    return ruler_means(point["ruler"]).get(f"ruler_mean_{length}")
 
   marks = sorted({p["tokens"] for c in curves for p in c["points"]})
   tokens = lambda n: f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"

@@ -228,11 +228,11 @@ def test_segments_save_no_float32_or_mask_activations_for_the_backward():
       saved = jax.tree_util.tree_leaves(jax.eval_shape(lambda *x: jax.vjp(op, *x)[1], *args))
     return [(leaf.dtype, int(np.prod(leaf.shape))) for leaf in saved]
 
-  activation = B * T * H * K
-  large = [(d, n) for d, n in residuals(4) if n >= activation]
+  whole, segmented_ = residuals(1), residuals(4)
+  large = [(d, n) for d, n in segmented_ if n >= B * T * H * K]
   assert all(d == bf16 for d, _ in large), large
-  whole, segmented_ = (sum(n * d.itemsize for d, n in residuals(S)) for S in (1, 4))
-  assert segmented_ <= 1.8 * whole, (segmented_, whole)
+  nbytes = lambda saved: sum(n * d.itemsize for d, n in saved)  # noqa: E731
+  assert nbytes(segmented_) <= 1.8 * nbytes(whole), (nbytes(segmented_), nbytes(whole))
 
 
 @pytest.mark.gpu
