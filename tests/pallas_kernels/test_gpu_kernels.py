@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
-from pallas_kernels.common.gpu.config import Config
+from pallas_kernels.common.gpu.config import Config, state_stages
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -123,6 +123,21 @@ KEY_BLOCK_CASES = [
 def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varlen):
   monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16))
   harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
+
+
+# (config, K, per_channel) -> stages of the state passes and of the dh pass: above K = 128 two
+# stages only where the state is held in blocks of at most 128 key rows, and the dh pass one unless
+# asked (its two stages spill at K = 256).
+STAGES_CASES = [
+    (Config(), 128, False, 2, 2), (Config(), 256, False, 2, 1), (Config(bk_state=256), 256, False, 1, 1),
+    (Config(stages_dh=2), 256, False, 2, 2), (Config(stages_state=3), 64, False, 3, 3),
+    (Config(bk_state=64), 256, True, 1, 1), (Config(), 128, True, 2, 2),
+]
+
+
+@pytest.mark.parametrize("config,K,per_channel,state,dh", STAGES_CASES)
+def test_state_stages(config, K, per_channel, state, dh):
+  assert (state_stages(config, K, per_channel), state_stages(config, K, per_channel, dh=True)) == (state, dh)
 
 
 # (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the
