@@ -30,7 +30,11 @@ def base_config() -> ml_collections.ConfigDict:
       restore_step=-1,  # -1: the latest checkpoint
       # jax.profiler trace of steps profile_start+1 .. profile_start+profile_steps (0: none) into
       # <workdir>/profile, summarised in the log and in profile/summary.md (device time per step)
-      profile_steps=0, profile_start=10))
+      profile_steps=0, profile_start=10,
+      # XLA's persistent compilation cache (a folder, local or gs://; "" leaves jax's setting, e.g.
+      # JAX_COMPILATION_CACHE_DIR): a relaunch of the same step on the same devices and versions,
+      # a resume after preemption included, loads the compiled step instead of compiling it again
+      compilation_cache=""))
   c.eval = ml_collections.ConfigDict(dict(every=500, steps=4, seed=10_000))
   # -1: all remaining devices. context > 1 splits every sequence into that many contiguous slices,
   # one per device (context parallelism: data.seq_len must be a multiple of it).
@@ -67,7 +71,8 @@ def lm_config(preset: str = "", tokens: int = 0) -> ml_collections.ConfigDict:
       remat=config_dict.placeholder(str), attn_impl=config_dict.placeholder(str),
       scan_layers=config_dict.placeholder(bool)))
   c.data.update(dict(source="jsonl", seq_len=2048, global_batch_size=256, heldout_fraction=0.01))
-  c.train.update(dict(lr=3e-4, min_lr_ratio=0.1, weight_decay=0.1, b2=0.95, log_every=50))
+  c.train.update(dict(lr=3e-4, min_lr_ratio=0.1, weight_decay=0.1, b2=0.95, log_every=50,
+                      compilation_cache="~/.cache/lineax_lm/jax_compilation_cache"))
   with c.unlocked():
     c.train.tokens = tokens
   steps = c.train.get_ref("tokens") // (c.data.get_ref("global_batch_size") * c.data.get_ref("seq_len"))

@@ -318,9 +318,22 @@ def _stop_non_finite(mngr, step: int, state, data_iter, config, m: dict, workdir
   raise TrainingStopped(f"{diagnosis}; {where} in {workdir}/checkpoints")
 
 
+def use_compilation_cache(folder: str) -> None:
+  """Points XLA's persistent compilation cache at `folder` (`~` expanded), unless it is "" or jax
+  already has a cache folder (JAX_COMPILATION_CACHE_DIR or the caller's setting wins). jax decides
+  once a process whether the cache is on, at its first compilation: reset_cache lets a process that
+  has compiled without one (a notebook) start using it."""
+  if not folder or jax.config.jax_compilation_cache_dir:
+    return
+  from jax.experimental.compilation_cache import compilation_cache
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+  compilation_cache.reset_cache()
+
+
 def train_and_evaluate(config, workdir: str, objective: Objective | None = None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics.
   `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
+  use_compilation_cache(config.train.get("compilation_cache", ""))
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
   storage.as_path(workdir).mkdir(parents=True, exist_ok=True)  # local or gs://

@@ -215,3 +215,35 @@ def test_prefetched_batches_keep_the_checkpoint_position(source):
   again = next(resumed)                 # a run resumed from that checkpoint reads batch 1 next
   for k in want[1]:
     np.testing.assert_array_equal(again[k], want[1][k])
+
+
+@pytest.fixture
+def jax_cache_settings():
+  """jax's cache settings are process-wide: put them back as they were after the test."""
+  from jax.experimental.compilation_cache import compilation_cache
+  before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+  yield
+  jax.config.update("jax_compilation_cache_dir", before[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+  compilation_cache.reset_cache()
+
+
+def test_the_compilation_cache_is_used_after_compiling_without_one(tmp_path, jax_cache_settings):
+  """train_and_evaluate calls use_compilation_cache(config.train.compilation_cache) first; a
+  process that compiled before (a notebook) starts writing to and reading from the folder."""
+  from lineax_lm.train.trainer import use_compilation_cache
+  jax.config.update("jax_compilation_cache_dir", None)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.jit(lambda x: x + 1)(1.0)  # jax decides whether a cache is on at a first compilation
+  use_compilation_cache(str(tmp_path / "cache"))
+  hits = []
+  jax.monitoring.register_event_listener(
+      lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+  step = lambda x: jnp.tanh(x @ x.T).sum()
+  jax.jit(step).lower(jnp.ones((8, 8))).compile()
+  assert os.listdir(tmp_path / "cache") and not hits
+  jax.clear_caches()  # in-memory caches: the next compile is a relaunch's
+  jax.jit(step).lower(jnp.ones((8, 8))).compile()
+  assert hits
+  use_compilation_cache(str(tmp_path / "other"))  # a folder jax already has is kept
+  assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
