@@ -13,8 +13,9 @@ programs. What it costs is context parallelism's: the transition (a decay; for t
 extra value columns in the same op call) and a correction of each segment's outputs (mLSTM runs
 again from the entering state); the fold is S steps of [H, K, K] or [H, K] maps.
 
-Off unless asked for, until the H200 measurement sets the thresholds of the automatic choice:
-`with segment_parallel(4): ...` runs every chunked op traced inside on 4 segments (T must divide),
+Off unless asked for: in the 475M GDN's train step at B=1 T=32,768 (H=4, K=256, V=512) on an H100,
+4 segments ran at 0.98x the whole op and 16 needed more memory than the GPU has, so the automatic
+choice has no measured shape where it wins yet. `with segment_parallel(4): ...` runs every chunked op traced inside on 4 segments (T must divide),
 `with segment_parallel("auto"): ...` lets `choose_segments` pick S from B, H, T and the device's SM
 count. Ops without a transition (a per-value-channel gate `gv`), decode ops and `reverse` run whole.
 """
