@@ -5,12 +5,15 @@ layout, theta from the config), optional sliding window, and a KV cache for deco
 `jax.nn.dot_product_attention`'s; "splash" is jax's Pallas TPU flash-attention kernel
 (`jax.experimental.pallas.ops.tpu.splash_attention`, what MaxText trains with), which never holds
 the [L, L] scores; None takes "splash" on a TPU (the layer's `backend` is "tpu", or "auto" on a
-TPU host) and lets `jax.nn.dot_product_attention` choose elsewhere (cuDNN's flash kernel on a GPU
-when it can). Decode steps, and lengths that are not a multiple of 128, take
-`jax.nn.dot_product_attention`. "splash" off a TPU runs the kernel in Pallas interpret mode (the
-tests' way to check it on a CPU), except under `backend="tpu"`, which compiles for a TPU (the
-ahead-of-time compile, `lineax_lm.train.aot`). Under a mesh that splits the sequence over `context` (training),
-keys and values are gathered from every slice (`context_parallel_attention`).
+TPU host) and `jax.nn.dot_product_attention`'s default elsewhere, which is its XLA path (it forms
+the [B, H, L, L] float32 scores; on a GPU, "cudnn" is the flash kernel). Decode steps, and lengths
+that are not a multiple of 128, take `jax.nn.dot_product_attention`. A prompt prefilled into a
+cache on the XLA path runs in chunks of query rows when its scores would exceed
+PREFILL_SCORE_BYTES (`prefill_attention`), so that they are held one chunk at a time. "splash" off
+a TPU runs the kernel in Pallas interpret mode (the tests' way to check it on a CPU), except under
+`backend="tpu"`, which compiles for a TPU (the ahead-of-time compile, `lineax_lm.train.aot`). Under
+a mesh that splits the sequence over `context` (training), keys and values are gathered from every
+slice (`context_parallel_attention`).
 
 `use_short_conv` (off by default, so the layer is Llama's) puts a causal depthwise convolution over
 the last `conv_size` tokens on q, k and v, as the linear mixers have (and as Zoology's MQAR models
@@ -91,6 +94,51 @@ def dot_product_attention(q, k, v, ids=None, window=None, implementation=None):
   t = jnp.arange(q.shape[1])
   return jax.nn.dot_product_attention(q, k, v, mask=attention_mask(t, t, window, ids, ids),
                                       implementation=implementation)
+
+
+# The float32 scores of one chunk of query rows in `prefill_attention`'s XLA path: at 512 MiB a
+# prompt of 2,048 tokens at batch 64 x 16 heads (16 GiB of scores) runs in 32 chunks.
+PREFILL_SCORE_BYTES = 1 << 29
+
+
+def query_chunk(batch: int, heads: int, q_length: int, k_length: int, score_bytes: int) -> int:
+  """Rows of a query chunk whose [batch, heads, rows, k_length] float32 scores fit `score_bytes`
+  (at least 1), balanced over the fewest chunks that cover `q_length` rows; q_length when all do."""
+  rows = max(1, score_bytes // (batch * heads * k_length * 4))
+  if rows >= q_length:
+    return q_length
+  chunks = -(-q_length // rows)
+  return -(-q_length // chunks)
+
+
+def prefill_attention(q, k, v, window=None, implementation=None, score_bytes=None):
+  """Causal attention (within `window`) of a prompt q [B, L, H, Dh] over its own keys and values
+  k, v [B, L, Hkv, Dh], RoPE applied: the prefill of a fresh cache (inference: a gradient through
+  the chunks would keep every chunk's probabilities).
+
+  cuDNN's flash kernel never holds the scores. The XLA path of `jax.nn.dot_product_attention`
+  forms them whole, [B, H, L, L] float32 (16 GiB for 2,048 tokens at batch 64 x 16 heads), and its
+  softmax two more buffers of that size, so here it runs over chunks of query rows (`lax.map`: one
+  chunk's scores live at a time, at most `score_bytes`, default PREFILL_SCORE_BYTES), each chunk's
+  causal mask compared from positions inside the fused softmax rather than stored. Every row's
+  softmax still spans all L keys (those after it masked, as `is_causal` masks them), so each row is
+  computed as in one call over the whole prompt. A last chunk past L is padded with zero queries."""
+  B, L, H, Dh = q.shape
+  S = k.shape[1]
+  rows = query_chunk(B, H, L, S, PREFILL_SCORE_BYTES if score_bytes is None else score_bytes)
+  if implementation == "cudnn" or rows == L:
+    return dot_product_attention(q, k, v, window=window, implementation=implementation)
+  chunks = -(-L // rows)
+  q = jnp.pad(q, ((0, 0), (0, chunks * rows - L), (0, 0), (0, 0)))
+  q_chunks = jnp.moveaxis(q.reshape(B, chunks, rows, H, Dh), 1, 0)
+  k_pos = jnp.arange(S)
+
+  def one_chunk(args):
+    first_row, q_chunk = args
+    mask = attention_mask(first_row + jnp.arange(rows), k_pos, window)  # [1, 1, rows, S]
+    return jax.nn.dot_product_attention(q_chunk, k, v, mask=mask, implementation=implementation)
+  o = lax.map(one_chunk, (jnp.arange(chunks) * rows, q_chunks))
+  return jnp.moveaxis(o, 0, 1).reshape(B, chunks * rows, H, Dh)[:, :L]
 
 
 @functools.lru_cache(maxsize=64)
@@ -219,10 +267,10 @@ class Attention(ShortConvs, nnx.Module):
         o = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=decode_impl)
         return self.o_proj(merge_heads(o)), cache
     # the whole sequence: training, or a prompt into a fresh cache (`cache_index` None), whose
-    # tokens see only each other: causal attention over them, never a mask over the cache's slots.
-    # A prompt padded to a compiled width (packed, with a cache) needs no mask between its
-    # sequences: the padding follows the prompt, and decoding overwrites its slots (from the
-    # prompt's length on) before its causal mask reaches them.
+    # tokens see only each other: causal attention over them, never a mask over the cache's slots
+    # (`prefill_attention`). A prompt padded to a compiled width (packed, with a cache) needs no
+    # mask between its sequences: the padding follows the prompt, and decoding overwrites its
+    # slots (from the prompt's length on) before its causal mask reaches them.
     ids = None if ctx.packing is None or cache is not None else ctx.packing.reset_ids
     impl = resolve_impl(cfg.attn_impl, cfg.backend, L)
     # off a TPU (and not compiling for one: backend "tpu"), the kernel runs in interpret mode
@@ -233,6 +281,8 @@ class Attention(ShortConvs, nnx.Module):
       o = sharding.rows_heads_map(
           functools.partial(splash_attention, window=cfg.window, interpret=interpret),
           (q, k, v, ids), ("time",) * 4, k.shape[2])
+    elif cache is not None:
+      o = prefill_attention(q, k, v, cfg.window, impl)
     else:
       o = dot_product_attention(q, k, v, ids, cfg.window, impl)
     return self.o_proj(merge_heads(o)), cache

@@ -1,7 +1,8 @@
 """The work of generation's compiled program: the prefill forms only the logits it samples from, its
-attention is causal within the prompt (not masked over the whole cache), the decode loop runs the
-model only on tokens whose successor it still has to pick, and prompt lengths of one width bucket
-share the program and give each row its own prompt's continuation."""
+attention is causal within the prompt (not masked over the whole cache) and holds the scores of one
+chunk of query rows at a time, the decode loop runs the model only on tokens whose successor it
+still has to pick, and prompt lengths of one width bucket share the program and give each row its
+own prompt's continuation."""
 import re
 
 import jax
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from lineax_lm.layers import attention
 from lineax_lm.models import generate as generation
 from lineax_lm.models.hybrid import HybridLM
 from tests.lineax_lm.tiny import tiny_config, tokens
@@ -60,6 +62,30 @@ def test_a_prompt_into_a_fresh_cache_attends_within_itself():
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   hlo = jax.jit(lambda m, x, c: m.step(x, c, fresh=True)).lower(model, x, model.init_cache(2, 48)).as_text()
   assert not re.search(r"x16x48x", hlo), "the prompt's scores span the cache's 48 slots"
+
+
+def test_prefill_attention_holds_one_chunk_of_scores_at_a_time(monkeypatch):
+  """On the XLA path a prompt's attention runs over chunks of query rows: generation's compiled
+  program holds less than one [B, H, P, P] float32 score tensor (one call over the whole prompt
+  holds three such buffers: the scores, their exponentials, the probabilities), and the chunks give
+  the logits and cache of one call (a window and GQA included)."""
+  B, P, H = 4, 512, 4
+  scores = B * H * P * P * 4
+  model = HybridLM(tiny_config(vocab_size=VOCAB, attn_ratio="transformer", num_layers=1, window=300),
+                   nnx.Rngs(0))
+  # the benchmark's prompt, 2,048 tokens at batch 64 x 16 heads (16 GiB of scores), goes in chunks
+  rows = attention.query_chunk(64, 16, 2048, 2048, attention.PREFILL_SCORE_BYTES)
+  assert rows < 2048 and 64 * 16 * rows * 2048 * 4 <= attention.PREFILL_SCORE_BYTES
+  x = jnp.asarray(tokens((B, P), VOCAB))
+  prefill = lambda m, x: m.step(x, m.init_cache(B, P + 2), last_only=True, fresh=True)
+  whole = jax.jit(prefill)(model, x)
+  monkeypatch.setattr(attention, "PREFILL_SCORE_BYTES", scores // 16)  # chunks of 32 rows
+  chunked = jax.jit(lambda m, x: prefill(m, x))(model, x)
+  for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(chunked)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  args, static = _program(model, tokens((B, P), VOCAB), 2)
+  compiled = generation._generate_ragged.lower(*args, **static).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < scores / 2
 
 
 def _greedy_continues(model, prompts, new):
