@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.common import context
+from pallas_kernels.common.gpu.config import sm_count
 
 AXIS = "segments"
 MIN_SEGMENT = 1024    # tokens: below 16 chunks a segment's fold and correction stop paying off
@@ -65,11 +66,6 @@ def is_time_major(x) -> bool:
   (RWKV-6's u [H, K], simple GLA's g_gamma [H]): every [B, T, ...] input of an op has three or
   more axes, every per-head one fewer."""
   return x is not None and x.ndim >= 3
-
-
-def sm_count(default: int = 132) -> int:
-  """The streaming multiprocessors of the first device (`core_count` on GPUs), or `default`."""
-  return getattr(jax.devices()[0], "core_count", None) or default
 
 
 def choose_segments(B: int, T: int, H: int, sms: int | None = None) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
-from pallas_kernels.common.gpu.config import Config, state_stages
+from pallas_kernels.common.gpu.config import Config, state_stages, state_value_block
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -138,6 +138,20 @@ STAGES_CASES = [
 @pytest.mark.parametrize("config,K,per_channel,state,dh", STAGES_CASES)
 def test_state_stages(config, K, per_channel, state, dh):
   assert (state_stages(config, K, per_channel), state_stages(config, K, per_channel, dh=True)) == (state, dh)
+
+
+# (config, B, H, K, V, per_channel) -> value columns per state-pass program (132 SMs off a GPU):
+# 16 only for scalar gates above K = 128 when 32 leaves SMs idle, and whatever the config says.
+VALUE_BLOCK_CASES = [
+    (Config(), 1, 4, 256, 512, False, 16), (Config(), 8, 4, 256, 512, False, 32),
+    (Config(), 1, 4, 128, 128, False, 32), (Config(), 1, 4, 256, 512, True, 32),
+    (Config(bv_state=64), 1, 4, 256, 512, False, 64),
+]
+
+
+@pytest.mark.parametrize("config,B,H,K,V,per_channel,bv", VALUE_BLOCK_CASES)
+def test_state_value_block(config, B, H, K, V, per_channel, bv):
+  assert state_value_block(config, B, H, K, V, per_channel) == bv
 
 
 # (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the

@@ -17,7 +17,8 @@ import functools
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import CHUNK, Static, state_key_block, state_stages
+from pallas_kernels.common.gpu.config import (CHUNK, Static, state_key_block, state_stages,
+                                              state_value_block)
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    read_blocks, state_at_flag, store_at_flag,
@@ -99,8 +100,8 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   (input dtype) and d initial_state (float32)."""
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
-  BV = value_tile(V, st.cfg.bv_state)
   per_channel = G.ndim == 4
+  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel))
   if per_channel and scores is None:
     raise ValueError("per-channel gates need the forward's intra-chunk `scores`")
   sp = Specs(H, CHUNK, T)

@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu import chunk_o
 from pallas_kernels.common.gpu.config import (CHUNK, Static, split_output, state_key_block,
-                                              state_stages)
+                                              state_stages, state_value_block)
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, precision, scale_rows,
                                                    read_blocks, state_at_flag, store_at_flag,
@@ -144,9 +144,9 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, k
   then v' (delta) and the final state (want_final) where present."""
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
-  BV = value_tile(V, st.cfg.bv_state)
   delta = w is not None
   per_channel = G.ndim == 4
+  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel))
   want_final = want_final or want_o
   if want_o and per_channel and scores is None:
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")
