@@ -68,6 +68,15 @@ def is_time_major(x) -> bool:
   return x is not None and x.ndim >= 3
 
 
+def bound_count() -> int:
+  """The segments of the op being traced: the size of the segments' vmap axis inside `run`, else
+  1."""
+  try:
+    return jax.lax.axis_size(AXIS)
+  except NameError:
+    return 1
+
+
 def choose_segments(B: int, T: int, H: int, sms: int | None = None) -> int:
   """The segment count for a [B, T, H, ...] op: the largest power of two S <= MAX_SEGMENTS with
   B x H x S programs at most two waves of the SMs, segments of at least MIN_SEGMENT tokens and T

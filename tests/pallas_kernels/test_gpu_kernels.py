@@ -140,18 +140,30 @@ def test_state_stages(config, K, per_channel, state, dh):
   assert (state_stages(config, K, per_channel), state_stages(config, K, per_channel, dh=True)) == (state, dh)
 
 
-# (config, B, H, K, V, per_channel) -> value columns per state-pass program (132 SMs off a GPU):
-# 16 only for scalar gates above K = 128 when 32 leaves SMs idle, and whatever the config says.
+# (config, B, H, K, V, per_channel, is_varlen) -> value columns per state-pass program (132 SMs off
+# a GPU): 16 only for scalar gates above K = 128 without packed sequences when 32 leaves SMs idle,
+# and whatever the config says.
 VALUE_BLOCK_CASES = [
-    (Config(), 1, 4, 256, 512, False, 16), (Config(), 8, 4, 256, 512, False, 32),
-    (Config(), 1, 4, 128, 128, False, 32), (Config(), 1, 4, 256, 512, True, 32),
-    (Config(bv_state=64), 1, 4, 256, 512, False, 64),
+    (Config(), 1, 4, 256, 512, False, False, 16), (Config(), 8, 4, 256, 512, False, False, 32),
+    (Config(), 1, 4, 128, 128, False, False, 32), (Config(), 1, 4, 256, 512, True, False, 32),
+    (Config(), 1, 4, 256, 512, False, True, 32), (Config(bv_state=64), 1, 4, 256, 512, False, True, 64),
 ]
 
 
-@pytest.mark.parametrize("config,B,H,K,V,per_channel,bv", VALUE_BLOCK_CASES)
-def test_state_value_block(config, B, H, K, V, per_channel, bv):
-  assert state_value_block(config, B, H, K, V, per_channel) == bv
+@pytest.mark.parametrize("config,B,H,K,V,per_channel,is_varlen,bv", VALUE_BLOCK_CASES)
+def test_state_value_block(config, B, H, K, V, per_channel, is_varlen, bv):
+  assert state_value_block(config, B, H, K, V, per_channel, is_varlen) == bv
+
+
+def test_state_value_block_counts_the_segments():
+  """On 4 segments (a vmap axis) B=1 H=4 V=512 launches 256 programs at 32 columns: no halving."""
+  from pallas_kernels.common import segments
+  seen = []
+  def one_segment(x):
+    seen.append(state_value_block(Config(), 1, 4, 256, 512, False, False))
+    return x
+  jax.vmap(one_segment, axis_name=segments.AXIS)(jnp.zeros(4))
+  assert seen == [32] and state_value_block(Config(), 1, 4, 256, 512, False, False) == 16
 
 
 # (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the

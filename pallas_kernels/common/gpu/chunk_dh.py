@@ -101,7 +101,7 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   B, T, H, K = k.shape
   V, N = do.shape[-1], dht.shape[0]
   per_channel = G.ndim == 4
-  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel))
+  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel, st.is_varlen))
   if per_channel and scores is None:
     raise ValueError("per-channel gates need the forward's intra-chunk `scores`")
   sp = Specs(H, CHUNK, T)

@@ -146,7 +146,7 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, k
   V, N = u.shape[-1], h0.shape[0]
   delta = w is not None
   per_channel = G.ndim == 4
-  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel))
+  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel, st.is_varlen))
   want_final = want_final or want_o
   if want_o and per_channel and scores is None:
     raise ValueError("per-channel gates need the intra-chunk `scores` for the output")

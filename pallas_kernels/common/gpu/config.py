@@ -67,16 +67,21 @@ def sm_count(default: int = 132) -> int:
   return getattr(jax.devices()[0], "core_count", None) or default
 
 
-def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: bool) -> int:
+def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: bool,
+                      is_varlen: bool) -> int:
   """Value columns per program of the state and dh passes, whose grid is (V / BV, B x H): 32, or
   16 for scalar gates above K = 128 when 32 would launch fewer programs than the GPU has SMs (each
   program walks every chunk in turn, so an idle SM is never made up). At the 475M GDN's head dims
   (B=1 H=4 K=256 V=512: 64 programs at 32, 128 at 16) on an H100, fwd / fwd+bwd 2.14 / 8.50 ms
   at 16 against 2.20 / 8.85 at 32; at B=8 T=4096 (512 programs at 32) 16 was 36% slower on the
-  H200. `cfg.bv_state` overrides."""
+  H200. The programs count the segments (`common.segments`, a vmap axis whose size this call
+  sees). Packed sequences (varlen) keep 32: lineax_lm runs each packed row as a B=1 call under a
+  vmap of rows this call cannot count. `cfg.bv_state` overrides."""
   if cfg.bv_state is not None:
     return cfg.bv_state
-  if K > 128 and not per_channel and B * H * (V // 32) < sm_count():
+  from pallas_kernels.common import segments  # it imports sm_count from here
+  if (K > 128 and not per_channel and not is_varlen
+      and segments.bound_count() * B * H * (V // 32) < sm_count()):
     return 16
   return 32
 
