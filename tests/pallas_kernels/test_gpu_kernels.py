@@ -101,6 +101,12 @@ def test_kernels_lower_to_triton():
       "gdn recurrent": (lambda *a: GDN.fused_recurrent(*a, backend="gpu"), x),
       "gdn recurrent varlen": (lambda *a: GDN.fused_recurrent(*a[:5], cu_seqlens=a[5], backend="gpu"),
                                x + (cu,)),
+      # packed sequences with initial and final states: each state pass starts its final states
+      # as the initial ones (kernel_math.walk_chunks)
+      "gdn chunk varlen fwd+bwd with states": (
+          lambda *a: jax.grad(lambda h0, *a: sum(jnp.sum(o.astype(jnp.float32)) for o in GDN.chunk(
+              *a[:5], cu_seqlens=a[5], initial_state=h0, output_final_state=True, backend="gpu")),
+              argnums=(0, 1, 2, 3))(*a), (sd(2, H, K, V, dt=jnp.float32),) + x + (cu,)),
       "simple gla chunk fwd+bwd": (chunk_grad(SGLA_G, 4), x[:4]),
       "simple gla chunk varlen": (lambda *a: SGLA_G.chunk(*a[:4], cu_seqlens=a[4], backend="gpu"),
                                   x[:4] + (cu,)),

@@ -50,13 +50,11 @@ def _per_channel_dh_update(dS, qs, do, g_last, prec):
   return [decay_state(s, gl) + dot_tn(q, do, prec) for s, gl, q in zip(dS, g_last, qs)]
 
 
-def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dht_ref, starts_ref, ends_ref, dh00_ref,
+def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dht_ref, starts_ref, ends_ref,
                dh_ref, dvn_ref, dh0_ref, *, NT, scale, bk):
   """Reverse chunk loop, dS a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`).
   Absent refs are None: w_ref without the delta correction; p_ref unless per-channel gates
-  (g_ref [T, K]: q and k arrive gated, P is read); starts_ref, ends_ref and dh00_ref (d
-  initial_state's initial content, aliased to dh0_ref) without varlen."""
-  del dh00_ref
+  (g_ref [T, K]: q and k arrive gated, P is read); starts_ref and ends_ref without varlen."""
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -108,15 +106,13 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   scores = scores if per_channel else None
   flags = (starts, ends) if st.is_varlen else (None, None)
-  # varlen: sequences with no tokens pass the final-state gradient straight through
-  dht0 = dht if st.is_varlen else None
-  args = [q, k, w, do, G, scores, dht, *flags, dht0]
+  args = [q, k, w, do, G, scores, dht, *flags]
   in_specs = [sp.seq_tok(K), sp.seq_tok(K), spec_if(w, sp.seq_tok(K)), sp.seq_tok(BV, True),
               sp.seq_gate(K if per_channel else None), spec_if(scores, sp.seq_tok(CHUNK)), h0_spec,
-              *(spec_if(f, sp.seq_flags()) for f in flags), spec_if(dht0, h0_spec)]
+              *(spec_if(f, sp.seq_flags()) for f in flags)]
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale,
                            bk=state_key_block(st.cfg, K, per_channel))
   return launch(kern, (V // BV, B * H), in_specs,
                 [sp.seq_state(K, BV), sp.seq_tok(BV, True), h0_spec],
                 [sds((B, sp.NT, H, K, V), k.dtype), sds(do.shape, k.dtype), sds(dht.shape, F32)],
-                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel, dh=True), {9: 2})(*args)
+                st, st.cfg.warps_state, state_stages(st.cfg, K, per_channel, dh=True))(*args)

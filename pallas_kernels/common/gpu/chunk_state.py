@@ -63,14 +63,13 @@ def _per_channel_update(S, ks, vn_c, g_last, prec):
 
 
 def _state_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, p_ref, h0_ref, starts_ref, ends_ref,
-                  fin0_ref, o_ref, h_ref, vn_ref, fin_ref, *, NT, scale, bk):
+                  o_ref, h_ref, vn_ref, fin_ref, *, NT, scale, bk):
   """Forward chunk loop over the state S, a list of [bk, BV] blocks of its key rows
   (`kernel_math.key_blocks`). Absent refs are None: q_ref and o_ref without the output; w_ref
   without the delta correction (then v' = u = v), vn_ref unless v' is stored; p_ref unless
   per-channel gates (g_ref [T, K]: q and k arrive gated) give the output; h_ref unless the
-  chunk-start states are stored; fin_ref without the final state; starts_ref, ends_ref and fin0_ref
-  (the final-state buffer's initial content, aliased to fin_ref) without varlen."""
-  del fin0_ref
+  chunk-start states are stored; fin_ref without the final state; starts_ref and ends_ref without
+  varlen."""
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -155,12 +154,11 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, k
   scores = scores if want_o and per_channel else None
   q = q if want_o else None
   flags = (starts, ends) if st.is_varlen else (None, None)
-  fin0 = h0 if st.is_varlen and want_final else None  # sequences with no tokens keep h0
-  args = [q, k, w, u, G, scores, h0, *flags, fin0]
+  args = [q, k, w, u, G, scores, h0, *flags]
   in_specs = [spec_if(q, sp.seq_tok(K)), sp.seq_tok(K), spec_if(w, sp.seq_tok(K)),
               sp.seq_tok(BV, True),
               sp.seq_gate(K if per_channel else None), spec_if(scores, sp.seq_tok(CHUNK)), h0_spec,
-              *(spec_if(f, sp.seq_flags()) for f in flags), spec_if(fin0, h0_spec)]
+              *(spec_if(f, sp.seq_flags()) for f in flags)]
   tokens, states = sds((B, T, H, V), k.dtype), sds((B, sp.NT, H, K, V), k.dtype)
   out_shape = [tokens if want_o else None, states if keep_h or not want_o else None,
                tokens if delta and not want_o else None, sds(h0.shape, F32) if want_final else None]
@@ -170,5 +168,5 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, k
   kern = functools.partial(_state_kernel, NT=sp.NT, scale=st.scale,
                            bk=state_key_block(st.cfg, K, per_channel))
   results = launch(kern, (V // BV, B * H), in_specs, out_specs, out_shape, st, st.cfg.warps_state,
-                   state_stages(st.cfg, K, per_channel), aliases={9: 3})(*args)
+                   state_stages(st.cfg, K, per_channel))(*args)
   return [r for r in results if r is not None]

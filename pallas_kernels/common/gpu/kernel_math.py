@@ -130,8 +130,17 @@ def walk_chunks(NT, body, init_ref, final_ref, rows, is_varlen):
   """The chunk loop of a state pass over a state held as key-row blocks `rows`: S = body(i, S) for
   i < NT, from init_ref [K, BV] (float32) with the last S written to final_ref (when not None);
   with varlen from zeros, each sequence's state entered and left at its flagged chunks inside
-  `body` (`state_at_flag`, `store_at_flag`)."""
+  `body` (`state_at_flag`, `store_at_flag`), init_ref and final_ref [N, K, BV]. A sequence without
+  tokens has no flagged chunk and leaves as it entered: every final state starts as the initial
+  one. (Aliasing the initial states to the final-state output instead makes XLA copy them into
+  each call's output buffer, a copy per layer that it may schedule long before the layer runs.)"""
   if is_varlen:
+    if final_ref is not None:
+      def copy(n, carry):
+        for r in rows:
+          final_ref[n, r, :] = init_ref[n, r, :].astype(final_ref.dtype)
+        return carry
+      lax.fori_loop(0, init_ref.shape[0], copy, 0)
     S0 = [jnp.zeros((r.size, init_ref.shape[-1]), F32) for r in rows]
   else:
     S0 = [init_ref[r, :].astype(F32) for r in rows]
