@@ -81,7 +81,7 @@ def default_corpus(size, out: str | None = None) -> str:
 _UNSCORED_FIELDS = {
     "data": ("num_threads", "prefetch_buffer_size"),
     "train": ("log_every", "checkpoint_every", "async_checkpointing", "keep_checkpoints",
-              "restore_step", "profile_steps", "profile_start"),
+              "restore_step", "profile_steps", "profile_start", "compilation_cache"),
     "eval": None,                       # the grid scores after training (eval.steps = 0)
 }
 # The model fields that make one cell of a size differ from another (left out of the budget).
