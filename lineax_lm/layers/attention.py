@@ -111,7 +111,7 @@ def query_chunk(batch: int, heads: int, q_length: int, k_length: int, score_byte
   return -(-q_length // chunks)
 
 
-def prefill_attention(q, k, v, window=None, implementation=None, score_bytes=None):
+def prefill_attention(q, k, v, window=None, implementation=None):
   """Causal attention (within `window`) of a prompt q [B, L, H, Dh] over its own keys and values
   k, v [B, L, Hkv, Dh], RoPE applied: the prefill of a fresh cache (inference: a gradient through
   the chunks would keep every chunk's probabilities).
@@ -119,13 +119,13 @@ def prefill_attention(q, k, v, window=None, implementation=None, score_bytes=Non
   cuDNN's flash kernel never holds the scores. The XLA path of `jax.nn.dot_product_attention`
   forms them whole, [B, H, L, L] float32 (16 GiB for 2,048 tokens at batch 64 x 16 heads), and its
   softmax two more buffers of that size, so here it runs over chunks of query rows (`lax.map`: one
-  chunk's scores live at a time, at most `score_bytes`, default PREFILL_SCORE_BYTES), each chunk's
-  causal mask compared from positions inside the fused softmax rather than stored. Every row's
-  softmax still spans all L keys (those after it masked, as `is_causal` masks them), so each row is
-  computed as in one call over the whole prompt. A last chunk past L is padded with zero queries."""
+  chunk's scores live at a time, at most PREFILL_SCORE_BYTES), each chunk's causal mask compared
+  from positions inside the fused softmax rather than stored. Every row's softmax still spans all L
+  keys (those after it masked, as `is_causal` masks them), so each row is computed as in one call
+  over the whole prompt. A last chunk past L is padded with zero queries."""
   B, L, H, Dh = q.shape
   S = k.shape[1]
-  rows = query_chunk(B, H, L, S, PREFILL_SCORE_BYTES if score_bytes is None else score_bytes)
+  rows = query_chunk(B, H, L, S, PREFILL_SCORE_BYTES)
   if implementation == "cudnn" or rows == L:
     return dot_product_attention(q, k, v, window=window, implementation=implementation)
   chunks = -(-L // rows)
