@@ -15,9 +15,10 @@ again from the entering state); the fold is S steps of [H, K, K] or [H, K] maps.
 
 Off unless asked for: in the 475M GDN's train step at B=1 T=32,768 (H=4, K=256, V=512) on an H100,
 4 segments ran at 0.98x the whole op and 16 needed more memory than the GPU has, so the automatic
-choice has no measured shape where it wins yet. `with segment_parallel(4): ...` runs every chunked op traced inside on 4 segments (T must divide),
-`with segment_parallel("auto"): ...` lets `choose_segments` pick S from B, H, T and the device's SM
-count. Ops without a transition (a per-value-channel gate `gv`), decode ops and `reverse` run whole.
+choice has no measured shape where it wins yet. `with segment_parallel(4): ...` runs every chunked
+op traced inside on 4 segments (T must divide), `with segment_parallel("auto"): ...` lets
+`choose_segments` pick S from B, H, T and the device's SM count. Ops without a transition (a
+per-value-channel gate `gv`), decode ops and `reverse` run whole.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.common import context
-from pallas_kernels.common.gpu.config import sm_count
 
 AXIS = "segments"
 MIN_SEGMENT = 1024    # tokens: below 16 chunks a segment's fold and correction stop paying off
@@ -66,6 +66,11 @@ def is_time_major(x) -> bool:
   (RWKV-6's u [H, K], simple GLA's g_gamma [H]): every [B, T, ...] input of an op has three or
   more axes, every per-head one fewer."""
   return x is not None and x.ndim >= 3
+
+
+def sm_count(default: int = 132) -> int:
+  """The streaming multiprocessors of the first device (`core_count` on GPUs), or `default`."""
+  return getattr(jax.devices()[0], "core_count", None) or default
 
 
 def bound_count() -> int:

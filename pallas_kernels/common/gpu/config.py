@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
-
+from pallas_kernels.common import segments
 from pallas_kernels.common.chunk import CHUNK  # noqa: F401  (tokens per chunk of every stage)
 
 
@@ -61,12 +60,6 @@ def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
   return 64 if K > 128 and not per_channel else K
 
 
-def sm_count(default: int = 132) -> int:
-  """The streaming multiprocessors of the first device (`core_count` on GPUs), or `default` (an
-  H100's or H200's count: what an ahead-of-time compile on a CPU host targets)."""
-  return getattr(jax.devices()[0], "core_count", None) or default
-
-
 def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: bool,
                       is_varlen: bool) -> int:
   """Value columns per program of the state and dh passes, whose grid is (V / BV, B x H): 32, or
@@ -79,9 +72,8 @@ def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: 
   vmap of rows this call cannot count. `cfg.bv_state` overrides."""
   if cfg.bv_state is not None:
     return cfg.bv_state
-  from pallas_kernels.common import segments  # it imports sm_count from here
   if (K > 128 and not per_channel and not is_varlen
-      and segments.bound_count() * B * H * (V // 32) < sm_count()):
+      and segments.bound_count() * B * H * (V // 32) < segments.sm_count()):
     return 16
   return 32
 
