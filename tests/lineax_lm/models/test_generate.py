@@ -80,7 +80,7 @@ def test_prefill_attention_holds_one_chunk_of_scores_at_a_time(monkeypatch):
   prefill = lambda m, x: m.step(x, m.init_cache(B, P + 2), last_only=True, fresh=True)
   whole = jax.jit(prefill)(model, x)
   monkeypatch.setattr(attention, "PREFILL_SCORE_BYTES", scores // 16)  # chunks of 32 rows
-  chunked = jax.jit(lambda m, x: prefill(m, x))(model, x)
+  chunked = jax.jit(lambda m, x: prefill(m, x))(model, x)  # a new function: traced anew
   for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(chunked)):
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   args, static = _program(model, tokens((B, P), VOCAB), 2)
