@@ -19,7 +19,8 @@ forward
 backward (residuals: the inputs, w, u and T; states are recomputed, never stored by the forward)
   3. `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.
-  4. `chunk_dh.dh_pass`         grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each
+  4. `chunk_dh.dh_pass`         P^T do in a chunk-parallel kernel (grid (NT, B*H)), then grid
+                                (V/BV, B*H), chunks in reverse: dh (the state gradient at each
                                 chunk end), dv' = P^T do + exp(G_C - G) k dh,
                                 dh <- exp(G_C) dh + (scale exp(G) q)^T do - w^T dv'.
   5. `chunk_dqk.dqk_pass`       grid (K/BK, NT, B*H): dq, the P- and state-parts of dk,

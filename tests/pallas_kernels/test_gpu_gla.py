@@ -85,10 +85,10 @@ def test_kernels_lower_to_triton():
       lambda *a: jnp.sum(op(*a, backend="gpu", **kw)[0].astype(jnp.float32)),
       argnums=tuple(range(n)))(*a)
   ops = {
-      "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 5),
+      "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 6),
       "chunk varlen fwd+bwd": (lambda *a: grads(GLA.chunk, 4, cu_seqlens=a[4])(*a[:4]),
-                               x + (cu,), 5),
-      "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 5),
+                               x + (cu,), 6),
+      "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 6),
       "recurrent varlen": (lambda *a: GLA.fused_recurrent(*a[:4], cu_seqlens=a[4], backend="gpu"),
                            x + (cu,), 1),
   }

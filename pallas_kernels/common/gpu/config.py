@@ -84,9 +84,11 @@ def state_stages(cfg: Config, K: int, per_channel: bool, dh: bool = False) -> in
   block has (227 KiB) at K > 128: at K = 256 the state pass asked for 232 KiB, the dh pass 236 KiB;
   one stage needs 84 / 92 KiB. So does a scalar-gate pass holding one state block of more than 128
   key rows. In [64, BV] blocks (state_key_block's default above K = 128) two stages fit at K = 256,
-  V = 512 (compiled for sm_90a, `gpu_aot`): the state pass in 112 KiB without spills, the dh pass in
-  181 KiB with 796 bytes of spills a thread (440 at one stage), so there the state passes pipeline
-  their loads and the dh pass keeps one stage unless `stages_dh` says otherwise. Timed on an H100
+  V = 512 (compiled for sm_90a, `gpu_aot`): the state pass in 112 KiB without spills; the dh pass,
+  since its intra-chunk part moved to `chunk_dh.dv_local_pass`, in 136 KiB without spills at 16
+  value columns (144 KiB and 132 bytes of spills a thread at 32; one stage: 36 KiB, none). The
+  state passes pipeline their loads there; the dh pass keeps one stage, not yet timed at two
+  (`stages_dh`). Timed on an H100
   against one stage everywhere (GDN fwd / fwd+bwd, H=4 K=256 V=512 bf16): 2.20 / 8.85 ms against
   3.28 / 10.00 at B=1 T=32,768; 1.60 / 4.79 against 1.72 / 4.94 at B=8 T=4,096."""
   if K > 128 and (per_channel or state_key_block(cfg, K, per_channel) > 128):
