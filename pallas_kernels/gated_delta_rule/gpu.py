@@ -54,8 +54,8 @@ from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, layout
 from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, decay, dot,
-                                                   dot_nt, dot_tn, lower_mask, over_value_tiles,
-                                                   precision, scale_rows)
+                                                   dot_nt, dot_tn, key_blocks, lower_mask,
+                                                   over_value_tiles, precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule import reference
 
@@ -144,31 +144,50 @@ def back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv, unrolled):
 
 
 def _bwd_wy_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, dw_ref, du_ref, dk1_ref, dg1_ref,
-                   dk_ref, dv_ref, db_ref, dg_ref, *, bv, unrolled):
-  """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype)."""
+                   dk_ref, dv_ref, db_ref, dg_ref, *, bv, bk, unrolled):
+  """w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1 (the forward's, input dtype). Two
+  passes over the keys in tiles of bk (`kernel_math.key_blocks`): the sums over K first (T's
+  gradient from w, k k^T, and the row sums of dbeta and dG), then dk tile by tile, T^T dw formed
+  again for each tile (kept from the first pass when one tile spans K)."""
   C = CHUNK
-  k, G, beta, Tc = k_ref[...], g_ref[...], b_ref[...], t_ref[...]
-  dt = k.dtype
+  G, beta, Tc = g_ref[...], b_ref[...], t_ref[...]
+  dt = k_ref.dtype
   prec = precision(dt)
+  keys = key_blocks(k_ref.shape[1], bk)
   dT, dbeta = back_through_u(Tc, beta, v_ref, du_ref, dv_ref, bv, unrolled)
-  dw = dw_ref[...]
   be = beta * jnp.exp(G)
-  kb = scale_rows(k, be)
-  dkb = dot_tn(Tc, dw, prec)                          # T^T dw
-  dT += dot_nt(dw, kb.astype(dt), prec)
+  KK, dbk, dgk = jnp.zeros((C, C), F32), jnp.zeros((C,), F32), jnp.zeros((C,), F32)
+  for r in keys:
+    k, dw = k_ref[:, r], dw_ref[:, r]
+    kb = scale_rows(k, be)
+    dkb = dot_tn(Tc, dw, prec)                        # T^T dw
+    dT += dot_nt(dw, kb.astype(dt), prec)
+    KK += dot_nt(k, k, prec)
+    dbk += jnp.sum(dkb * k.astype(F32), axis=1)
+    dgk += jnp.sum(dkb * kb, axis=1)
   dA = -dot_nt(dot_tn(Tc, dT.astype(dt), prec).astype(dt), Tc, prec)  # -T^T dT T^T
   L = decay(G, strict=True)
-  KKL = dot_nt(k, k, prec) * L                        # A = diag(beta) KKL
+  KKL = KK * L                                        # A = diag(beta) KKL
   A = scale_rows(KKL, beta)
   dA = jnp.where(lower_mask(C, strict=True), dA, 0.0)
   M = dA * A
-  dbeta += jnp.sum(dkb * k.astype(F32), axis=1) * jnp.exp(G) + jnp.sum(dA * KKL, axis=1)
-  dG = dg1_ref[...] + jnp.sum(dkb * kb, axis=1) + jnp.sum(M, axis=1) - jnp.sum(M, axis=0)
+  db_ref[...] = dbeta + dbk * jnp.exp(G) + jnp.sum(dA * KKL, axis=1)
+  dg_ref[...] = dg1_ref[...] + dgk + jnp.sum(M, axis=1) - jnp.sum(M, axis=0)
   dAk = scale_rows(dA * L, beta, dt)
-  dk = dk1_ref[...] + scale_rows(dkb, be) + dot(dAk, k, prec) + dot_tn(dAk, k, prec)
-  dk_ref[...] = dk.astype(dk_ref.dtype)
-  db_ref[...] = dbeta
-  dg_ref[...] = dG
+  for r in keys:
+    k = k_ref[:, r]
+    if len(keys) > 1:
+      dkb = dot_tn(Tc, dw_ref[:, r], prec)
+    dk = dk1_ref[:, r] + scale_rows(dkb, be) + dot(dAk, k, prec) + dot_tn(dAk, k, prec)
+    dk_ref[:, r] = dk.astype(dk_ref.dtype)
+
+
+def wy_bwd_key_block(cfg, K: int) -> int:
+  """Keys per tile of the WY backward's loops: `cfg.bk_wy_bwd`, else the whole K. Compiled for
+  sm_90a (`gpu_aot`) at K = 256, V = 512, 8 warps: 255 registers either way; whole, 100 bytes of
+  spills a thread and 104 KiB of shared memory (228 bytes in one pass, before the sums over K were
+  taken first); in tiles of 64, 196 bytes and 32 KiB. Neither is timed yet."""
+  return K if cfg.bk_wy_bwd is None else cfg.bk_wy_bwd
 
 
 def _bwd_wy(k, v, G, beta, Tinv, dw, du, dk1, dG1, st: Static):
@@ -176,7 +195,7 @@ def _bwd_wy(k, v, G, beta, Tinv, dw, du, dk1, dG1, st: Static):
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
   kern = functools.partial(_bwd_wy_kernel, bv=min(st.cfg.bv_chunk, V),
-                           unrolled=st.cfg.unrolled_value_columns)
+                           bk=wy_bwd_key_block(st.cfg, K), unrolled=st.cfg.unrolled_value_columns)
   return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate(), sp.chunk_tok(CHUNK),
                 sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(K), sp.chunk_gate()],

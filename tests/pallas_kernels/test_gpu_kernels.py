@@ -118,7 +118,8 @@ def test_kernels_lower_to_triton():
 
 # (case, the op's gpu function, T, K, dtype, varlen): the state passes with their state held as
 # blocks of 16 key rows (Config.bk_state; fla's layout at K = 256 is four [64, BV] blocks): K = 40
-# padded to 64, four blocks, with and without the delta correction, varlen hand-overs per block.
+# padded to 64, four blocks, with and without the delta correction, varlen hand-overs per block; the
+# gated delta rule's WY backward in key tiles of 16 alike (Config.bk_wy_bwd).
 KEY_BLOCK_CASES = [
     (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, "float32", True),
     (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, "bfloat16", False),
@@ -127,13 +128,13 @@ KEY_BLOCK_CASES = [
 
 @pytest.mark.parametrize("case,fn,T,K,dtype,varlen", KEY_BLOCK_CASES, ids=lambda x: getattr(x, "name", None))
 def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varlen):
-  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16))
+  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16, bk_wy_bwd=16))
   harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 
 
 # (config, K, per_channel) -> stages of the state passes and of the dh pass: above K = 128 two
 # stages only where the state is held in blocks of at most 128 key rows, and the dh pass one unless
-# asked (its two stages spill at K = 256).
+# asked (two are not yet timed there).
 STAGES_CASES = [
     (Config(), 128, False, 2, 2), (Config(), 256, False, 2, 1), (Config(bk_state=256), 256, False, 1, 1),
     (Config(stages_dh=2), 256, False, 2, 2), (Config(stages_state=3), 64, False, 3, 3),

@@ -29,6 +29,8 @@ class Config(NamedTuple):
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8
+  bk_wy_bwd: int | None = None  # keys per tile of the WY backward's loops over K; None:
+                          # gated_delta_rule.gpu.wy_bwd_key_block's choice
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
