@@ -64,48 +64,52 @@ unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
-def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, unrolled):
-  """Everything in 16-row blocks: A's blocks, their inverse (T, stored for the backward), w and u."""
+def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, bk, unrolled):
+  """Everything in 16-row blocks: A's blocks (their k k^T summed over key tiles of bk), their
+  inverse (T, stored for the backward), w and u."""
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
   dt = k_ref.dtype
   prec = precision(dt)
-  ks = [k_ref[r, :] for r in rows]
   Gs = [g_ref[r] for r in rows]
   bs = [b_ref[r] for r in rows]
+  KK = [[jnp.zeros((SUB, SUB), F32)] * (p + 1) for p in range(n)]
+  for kt in key_blocks(k_ref.shape[1], bk):
+    ks = [k_ref[r, kt] for r in rows]
+    KK = [[KK[p][q] + dot_nt(ks[p], ks[q], prec) for q in range(p + 1)] for p in range(n)]
   A = [[None] * n for _ in range(n)]
   for p in range(n):
     for q in range(p + 1):
       L = decay(Gs[p], strict=True) if p == q else jnp.exp(Gs[p][:, None] - Gs[q][None, :])
-      A[p][q] = dot_nt(ks[p], ks[q], prec) * L * bs[p][:, None]
+      A[p][q] = KK[p][q] * L * bs[p][:, None]
   T = block_unit_lower_inverse(A, prec)
-  kb = [scale_rows(ks[q], bs[q] * jnp.exp(Gs[q]), dt) for q in range(n)]
   Ts = [[T[p][q].astype(dt) for q in range(p + 1)] for p in range(n)]
   for p in range(n):
     for q in range(n):
       t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else jnp.zeros((SUB, SUB), dt)
-    w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-  write_u(Ts, bs, v_ref, u_ref, unrolled)
+  write_inverse_product(Ts, [b * jnp.exp(G) for b, G in zip(bs, Gs)], k_ref, w_ref, unrolled)
+  write_inverse_product(Ts, bs, v_ref, u_ref, unrolled)
 
 
-def write_u(Ts, bs, v_ref, u_ref, unrolled: int, bv: int = 128):
-  """u = T (beta v) in 16-row blocks (Ts[p][q] the inverse's blocks, input dtype; bs the rows'
-  beta) and value tiles of at most bv (their loop unrolled up to `unrolled` columns): at V = 256
-  (the context-parallel call carries the K x K transition as K extra value columns) one tile
-  spilled 861 KiB a thread at the forward WY kernel's 2 warps and took ptxas 39 s. KDA's forward
-  WY kernel shares it."""
+def write_inverse_product(Ts, scales, x_ref, out_ref, unrolled: int, bv: int = 128):
+  """out = T diag(scales) x in 16-row blocks (Ts[p][q] the inverse's blocks, input dtype; scales
+  the rows' [16] factors) and column tiles of at most bv (their loop unrolled up to `unrolled`
+  columns): u = T (beta v) and w = T (beta exp(G) k). At V = 256 (the context-parallel call
+  carries the K x K transition as K extra value columns) one tile spilled 861 KiB a thread at the
+  forward WY kernel's 2 warps and took ptxas 39 s; w formed whole at K = 256 spilled 680 bytes.
+  KDA's forward WY kernel shares it."""
   dt = Ts[0][0].dtype
   prec = precision(dt)
   rows = [pl.ds(p * SUB, SUB) for p in range(len(Ts))]
-  V = v_ref.shape[1]
+  D = x_ref.shape[1]
 
-  def value_tile(vs, carry):
-    vb = [scale_rows(v_ref[r, vs], bs[q], dt) for q, r in enumerate(rows)]
+  def tile(cols, carry):
+    xs = [scale_rows(x_ref[r, cols], scales[q], dt) for q, r in enumerate(rows)]
     for p, r in enumerate(rows):
-      u_ref[r, vs] = sum(dot(Ts[p][q], vb[q], prec) for q in range(p + 1)).astype(u_ref.dtype)
+      out_ref[r, cols] = sum(dot(Ts[p][q], xs[q], prec) for q in range(p + 1)).astype(out_ref.dtype)
     return carry
 
-  over_value_tiles(V, math.gcd(V, bv), unrolled, value_tile)
+  over_value_tiles(D, math.gcd(D, bv), unrolled, tile)
 
 
 def _wy_fwd(k, v, G, beta, st: Static):
@@ -113,7 +117,9 @@ def _wy_fwd(k, v, G, beta, st: Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_wy_fwd_kernel, unrolled=st.cfg.unrolled_value_columns)
+  # k k^T in key tiles of 64: at K = 256 whole [16, K] blocks spilled (gpu_aot: 164 bytes a thread
+  # at tiles of 128, 60 at 64)
+  kern = functools.partial(_wy_fwd_kernel, bk=min(K, 64), unrolled=st.cfg.unrolled_value_columns)
   return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],

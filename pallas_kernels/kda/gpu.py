@@ -62,7 +62,7 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.common.gpu.levels import (diagonal, level_decay, over_levels, pair_levels,
                                               reference_rows)
-from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_u
+from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_inverse_product
 from pallas_kernels.kda import reference
 
 unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
@@ -154,7 +154,7 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, a_ref, w_ref, u_ref, t_ref, *, un
     for q in range(n):
       t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else zero
     w_ref[rows[p], :] = sum(dot(Ts[p][q], kb[q], prec) for q in range(p + 1)).astype(w_ref.dtype)
-  write_u(Ts, bs, v_ref, u_ref, unrolled)
+  write_inverse_product(Ts, bs, v_ref, u_ref, unrolled)
 
 
 def _wy_fwd(k, v, G, beta, A, st: Static):
