@@ -16,8 +16,10 @@ forward
                                 with P = lower(scale q k^T exp(G_i - G_j)). Above K = 128
                                 (`config.split_output`) the pass writes h, v' and the final state
                                 instead and `chunk_o.output_pass` (grid (V/BV, NT, B*H)) forms o.
-backward (residuals: the inputs, w, u and T; states are recomputed, never stored by the forward)
-  3. `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
+backward (residuals: the inputs, T and, up to K = 128, w and u (`keeps_w_u`); states are
+recomputed, never stored by the forward)
+  3. `_wy_apply`                above K = 128: w and u again from T (grid (NT, B*H)); then
+     `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.
   4. `chunk_dh.dh_pass`         P^T do in a chunk-parallel kernel (grid (NT, B*H)), then grid
                                 (V/BV, B*H), chunks in reverse: dh (the state gradient at each
@@ -87,8 +89,21 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, bk, unrol
   for p in range(n):
     for q in range(n):
       t_ref[rows[p], rows[q]] = Ts[p][q] if q <= p else jnp.zeros((SUB, SUB), dt)
+  _write_w_u(Ts, Gs, bs, k_ref, v_ref, w_ref, u_ref, unrolled)
+
+
+def _write_w_u(Ts, Gs, bs, k_ref, v_ref, w_ref, u_ref, unrolled):
+  """w = T (beta exp(G) k) and u = T (beta v) from the inverse's 16-row blocks Ts."""
   write_inverse_product(Ts, [b * jnp.exp(G) for b, G in zip(bs, Gs)], k_ref, w_ref, unrolled)
   write_inverse_product(Ts, bs, v_ref, u_ref, unrolled)
+
+
+def _wy_apply_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, unrolled):
+  """w and u again from the forward's inverse T (input dtype, as the forward formed them from)."""
+  rows = [pl.ds(p * SUB, SUB) for p in range(CHUNK // SUB)]
+  Ts = [[t_ref[rp, rq] for rq in rows[:p + 1]] for p, rp in enumerate(rows)]
+  _write_w_u(Ts, [g_ref[r] for r in rows], [b_ref[r] for r in rows], k_ref, v_ref, w_ref, u_ref,
+             unrolled)
 
 
 def write_inverse_product(Ts, scales, x_ref, out_ref, unrolled: int, bv: int = 128):
@@ -125,6 +140,29 @@ def _wy_fwd(k, v, G, beta, st: Static):
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(CHUNK)],
                [sds(k.shape, k.dtype), sds(v.shape, k.dtype), sds((B, T, H, CHUNK), k.dtype)], st,
                st.cfg.warps_wy, st.cfg.stages_chunk)(k, v, G, beta)
+
+
+def _wy_apply(k, v, G, beta, Tinv, st: Static):
+  """w [B, T, H, K] and u [B, T, H, V] from the forward's chunk inverses T [B, T, H, C]."""
+  B, T, H, K = k.shape
+  V = v.shape[-1]
+  sp = Specs(H, CHUNK, T)
+  kern = functools.partial(_wy_apply_kernel, unrolled=st.cfg.unrolled_value_columns)
+  return launch(kern, (sp.NT, B * H),
+               [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate(), sp.chunk_tok(CHUNK)],
+               [sp.chunk_tok(K), sp.chunk_tok(V)],
+               [sds(k.shape, k.dtype), sds(v.shape, k.dtype)], st,
+               st.cfg.warps_wy, st.cfg.stages_chunk)(k, v, G, beta, Tinv)
+
+
+def keeps_w_u(cfg, K: int) -> bool:
+  """Whether the forward keeps w [T, K] and u [T, V] for the backward, or only the inverse T
+  [T, C], from which the backward forms them again (`_wy_apply`, as fla's recompute_w_u). Up to
+  K = 128 it keeps them; above, it keeps T alone: at the 475M model's K = 256, V = 512, w and u
+  are 201 MB a layer at 65,536 tokens, 4.8 GB over its 24 layers, where the step's peak stood
+  1.9 GiB above fla's. Forming them again reads k, v and T and writes w and u (no inverse).
+  `cfg.keep_wu` overrides."""
+  return K <= 128 if cfg.keep_wu is None else bool(cfg.keep_wu)
 
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------
@@ -222,6 +260,8 @@ def _chunk_gdn_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
   w, u, Tinv = _wy_fwd(k, v, G, beta, st)
   o, ht, _ = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
+  if not keeps_w_u(st.cfg, k.shape[-1]):
+    w = u = None
   return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, starts, ends)
 
 
@@ -229,6 +269,8 @@ def _chunk_gdn_bwd(st, res, cts):
   q, k, v, G, beta, h0, w, u, Tinv, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
+  if w is None:
+    w, u = _wy_apply(k, v, G, beta, Tinv, st)
   h, vn = chunk_state.state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
   dh, dvn, dh0 = chunk_dh.dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)

@@ -119,7 +119,8 @@ def test_kernels_lower_to_triton():
 # (case, the op's gpu function, T, K, dtype, varlen): the state passes with their state held as
 # blocks of 16 key rows (Config.bk_state; fla's layout at K = 256 is four [64, BV] blocks): K = 40
 # padded to 64, four blocks, with and without the delta correction, varlen hand-overs per block; the
-# gated delta rule's WY backward in key tiles of 16 alike (Config.bk_wy_bwd).
+# gated delta rule's WY backward in key tiles of 16 alike (Config.bk_wy_bwd), its w and u formed
+# again in the backward from T (Config.keep_wu=False, the default above K = 128).
 KEY_BLOCK_CASES = [
     (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, "float32", True),
     (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, "bfloat16", False),
@@ -128,7 +129,7 @@ KEY_BLOCK_CASES = [
 
 @pytest.mark.parametrize("case,fn,T,K,dtype,varlen", KEY_BLOCK_CASES, ids=lambda x: getattr(x, "name", None))
 def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varlen):
-  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16, bk_wy_bwd=16))
+  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(bk_state=16, bk_wy_bwd=16, keep_wu=False))
   harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 
 
@@ -145,6 +146,11 @@ STAGES_CASES = [
 @pytest.mark.parametrize("config,K,per_channel,state,dh", STAGES_CASES)
 def test_state_stages(config, K, per_channel, state, dh):
   assert (state_stages(config, K, per_channel), state_stages(config, K, per_channel, dh=True)) == (state, dh)
+
+
+def test_the_forward_keeps_w_and_u_up_to_k_128():
+  assert gdn_gpu.keeps_w_u(Config(), 128) and not gdn_gpu.keeps_w_u(Config(), 256)
+  assert gdn_gpu.keeps_w_u(Config(keep_wu=True), 256) and not gdn_gpu.keeps_w_u(Config(keep_wu=False), 64)
 
 
 # (config, B, H, K, V, per_channel, is_varlen) -> value columns per state-pass program (132 SMs off

@@ -31,6 +31,8 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8
   bk_wy_bwd: int | None = None  # keys per tile of the WY backward's loops over K; None:
                           # gated_delta_rule.gpu.wy_bwd_key_block's choice
+  keep_wu: bool | None = None  # the forward keeps w and u for the backward (else the inverse T
+                          # alone); None: gated_delta_rule.gpu.keeps_w_u's choice
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
