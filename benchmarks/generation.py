@@ -34,7 +34,8 @@ length as a traced value): compile_s says whether they compiled anything. Peak i
 peak device memory after the batch (its earlier batches included). Each part is bounded in time:
 a measure stops repeating after --measure_s, a preset's process after --preset_timeout, the torch
 subprocess after --torch_timeout; rows are written as they are measured, so a stopped part keeps
-what it measured.
+what it measured. --profile N traces N prefills of each preset's largest batch after its measures
+(`profile_prefill`: the per-op table of train_step.py's --profile).
 
 Writes --out/generation.json (every row and the call's device, versions, date and command) and
 --out/generation.md (the table), and prints the table last.
@@ -47,6 +48,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -60,7 +62,7 @@ from lineax_lm.models.hybrid import HybridLM
 from lineax_lm.models.presets import PRESETS, model_config
 from lineax_lm.train import metrics
 from torch_generation import median_time, new_lengths
-from train_step import benchmark_config, define_torch_flags, run_torch_script
+from train_step import benchmark_config, define_torch_flags, profile_table, run_torch_script
 
 # jax.monitoring's events of a compilation: their durations summed are the compile time of a call
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -125,9 +127,24 @@ def measure_new_lengths(model, ids: np.ndarray, row: dict, save) -> None:
     save()
 
 
+def profile_prefill(model, ids: np.ndarray, calls: int, path: str) -> None:
+  """A jax.profiler trace of `calls` prefills of `ids` (generate with one new token, compiled by the
+  measures before), its per-op table (train_step.profile_table: each op's time a prefill and its
+  HLO / JAX names) to `path`."""
+  trace = tempfile.mkdtemp(prefix="prefill_trace_")
+  jax.profiler.start_trace(trace)
+  for _ in range(calls):
+    jax.block_until_ready(generate(model, ids, 1))
+  jax.profiler.stop_trace()
+  with open(path, "w") as f:
+    f.write(f"# prefill of {ids.shape[0]} x {ids.shape[1]} tokens, {calls} calls\n\n"
+            f"{profile_table(trace, calls)}\n")
+
+
 def run_preset(a, spec: str, path: str) -> list[dict]:
-  """Every batch of preset `spec`, then the new prompt lengths at the smallest batch; the rows are
-  rewritten to `path` after every measure."""
+  """Every batch of preset `spec`, then the new prompt lengths at the smallest batch, then with
+  --profile a trace of the largest batch's prefill (to `path` with .prefill_profile.md); the rows
+  are rewritten to `path` after every measure."""
   rows = []
 
   def save():
@@ -160,6 +177,9 @@ def run_preset(a, spec: str, path: str) -> list[dict]:
     except Exception as e:
       first["error"] = f"new prompt lengths: {type(e).__name__}: {e}"
   save()
+  if a.profile and "error" not in rows[-1]:
+    profile_prefill(model, prompts[rows[-1]["batch"]], a.profile,
+                    os.path.splitext(path)[0] + ".prefill_profile.md")
   return rows
 
 
@@ -174,7 +194,7 @@ def run_each_in_process(a) -> list[dict]:
     args = [sys.executable, os.path.abspath(__file__), f"--presets={spec}", f"--part={part}",
             f"--batches={','.join(map(str, a.batches))}"]
     args += [f"--{key}={getattr(a, key)}" for key in ("prompt", "new_tokens", "dtype", "repeats",
-                                                      "measure_s")]
+                                                      "measure_s", "profile")]
     args += [f"--config.{field}={value}" for field, value in a.overrides.items()]
     try:
       failed = subprocess.run(args, check=False, timeout=a.preset_timeout).returncode != 0
@@ -221,6 +241,9 @@ def define_flags(fv, argv: list[str]) -> None:
                        flag_values=fv)
   flags.DEFINE_float("measure_s", 8, "seconds after which a measure stops repeating",
                      lower_bound=0, flag_values=fv)
+  flags.DEFINE_integer("profile", 0, "trace this many prefills of the largest batch after its "
+                       "measures; per-op table to --out/generation.<preset>.prefill_profile.md",
+                       lower_bound=0, flag_values=fv)
   flags.DEFINE_float("preset_timeout", 150, "seconds a preset's process may take", lower_bound=1,
                      flag_values=fv)
   define_torch_flags(fv, "torch_generation", "HF Llama, fla's Gated DeltaNet, fla's 3:1 hybrid",

@@ -1,10 +1,15 @@
 """benchmarks/generation.py's rules: the new prompt lengths it times fall where lineax_lm's buckets
-say they should, and its table gives each row's ratios to fla's and HF Llama's row of its batch."""
+say they should, its table gives each row's ratios to fla's and HF Llama's row of its batch, and
+--profile writes its table."""
 import os
 
+import numpy as np
 import pytest
+from flax import nnx
 
 from lineax_lm.models.generate import length_bucket
+from lineax_lm.models.hybrid import HybridLM
+from tests.lineax_lm.tiny import tiny_config
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "benchmarks")
@@ -48,3 +53,12 @@ def test_table_ratios_are_to_the_rows_of_the_same_batch(generation):
   assert ours_64[3:7] == ["1.50x", "9000", "3.00x", "2.00x"]
   assert hybrid_1[2].startswith("error: RuntimeError: out of memory")
   assert "torch 2.11, fla 0.6.0 (NVIDIA H200)" in lines[0]
+
+
+def test_the_prefill_profile_is_written(generation, tmp_path):
+  """--profile's trace of compiled prefills lands as a table file (on a CPU: the line that says the
+  trace holds no device events)."""
+  model = HybridLM(tiny_config(vocab_size=64), nnx.Rngs(0))
+  path = tmp_path / "prefill_profile.md"
+  generation.profile_prefill(model, np.zeros((2, 16), np.int32), 1, str(path))
+  assert path.read_text().startswith("# prefill of 2 x 16 tokens, 1 calls\n\n")
