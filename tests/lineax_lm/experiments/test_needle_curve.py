@@ -49,7 +49,10 @@ def test_the_curve_scores_every_kept_checkpoint_once(trained_cell, monkeypatch):
 
 
 def test_the_tables_and_the_plot_read_the_curves(trained_cell):
-  out, _ = trained_cell
+  out, cell_dir = trained_cell
+  # scored here too: under pytest-xdist the test above may run in another worker, with a fixture
+  # of its own (in the same worker the curve is read back, nothing scored again)
+  scoring.score_needle_curve(cell_dir, sizes.get_size("tiny"), progress=False)
   curve = cells.load_needle_curves(out)[0]
   md = tables.needle_curve_markdown([curve])
   assert "## Needle accuracy against training tokens: niah_single" in md
