@@ -289,7 +289,8 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, bh_ref, bl_ref, i_ref, m0t_ref, 
 
   Two passes over the value tiles, so that only one [C, K] float32 sum is live at a time: the
   first sums dq's (do h^T, and dP = do v^T) and stores dq, the second dk's (v dh^T) and writes dv.
-  The chunk's gate matrices are formed again after the second pass rather than held through it."""
+  The chunk's gate matrices and its scores q k^T are formed again after the second pass rather
+  than held through it."""
   C, K = k_ref.shape
   V = v_ref.shape[-1]
   dt = q_ref.dtype
