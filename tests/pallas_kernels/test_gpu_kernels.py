@@ -182,11 +182,12 @@ def test_state_value_block_counts_the_segments():
 # (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the
 # chunk-parallel kernel after a state pass that writes h, v' and the final state
 # (Config.split_output, the default above K = 128), with and without the delta correction and key
-# blocks, varlen final states per sequence.
+# blocks (K = 128: the output kernel's two key tiles), varlen final states per sequence.
 SPLIT_OUTPUT_CASES = [
     (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, 48, "float32", True, Config(split_output=True)),
     (GDN, gdn_gpu.chunk_gated_delta_rule, 70, 64, 64, "bfloat16", False,
      Config(split_output=True, bk_state=16)),
+    (GDN, gdn_gpu.chunk_gated_delta_rule, 70, 128, 32, "float32", False, Config(split_output=True)),
     (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, 32, "bfloat16", True, Config(split_output=True)),
 ]
 

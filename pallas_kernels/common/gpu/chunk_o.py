@@ -16,16 +16,25 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import CHUNK, Static
-from pallas_kernels.common.gpu.kernel_math import decay, dot, dot_nt, precision, scale_rows
+from pallas_kernels.common.gpu.kernel_math import (F32, decay, dot, dot_nt, key_blocks, precision,
+                                                   scale_rows)
 from pallas_kernels.common.gpu.layout import launch, sds, value_tile
 
 
-def _output_kernel(q_ref, k_ref, g_ref, h_ref, vn_ref, o_ref, *, scale):
-  q, k, G = q_ref[...], k_ref[...], g_ref[...]
-  dt = q.dtype
+def _output_kernel(q_ref, k_ref, g_ref, h_ref, vn_ref, o_ref, *, scale, bk):
+  """q k^T and q h summed over key tiles of bk: at K = 256 whole [C, K] tiles of q and k took all
+  255 registers a thread (sm_90a), two programs an SM."""
+  G = g_ref[...]
+  dt = q_ref.dtype
   prec = precision(dt)
-  P = dot_nt(q, k, prec) * (decay(G) * scale)
-  qh = dot(scale_rows(q, jnp.exp(G) * scale, dt), h_ref[...], prec)
+  row_scales = jnp.exp(G) * scale
+  P = jnp.zeros((CHUNK, CHUNK), F32)
+  qh = jnp.zeros(o_ref.shape, F32)
+  for kt in key_blocks(q_ref.shape[1], bk):
+    q = q_ref[:, kt]
+    P += dot_nt(q, k_ref[:, kt], prec)
+    qh += dot(scale_rows(q, row_scales, dt), h_ref[kt, :], prec)
+  P = P * (decay(G) * scale)
   o_ref[...] = (qh + dot(P.astype(dt), vn_ref[...], prec)).astype(o_ref.dtype)
 
 
@@ -41,7 +50,7 @@ def output_pass(q, k, G, h, vn, st: Static):
                                       lambda iv, n, bh: (bh // H, n, bh % H, iv if tiled else 0))
   gate = pl.BlockSpec((None, None, C), lambda iv, n, bh: (bh // H, bh % H, n))
   state = pl.BlockSpec((None, None, None, K, BV), lambda iv, n, bh: (bh // H, n, bh % H, 0, iv))
-  kern = functools.partial(_output_kernel, scale=st.scale)
+  kern = functools.partial(_output_kernel, scale=st.scale, bk=min(K, 64))
   in_specs = [tok(K, False), tok(K, False), gate, state, tok(BV, True)]
   return launch(kern, (V // BV, T // C, B * H), in_specs, tok(BV, True), sds(vn.shape, q.dtype), st,
                 st.cfg.warps_output, st.cfg.stages_chunk)(q, k, G, h, vn)
