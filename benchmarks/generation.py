@@ -34,8 +34,10 @@ length as a traced value): compile_s says whether they compiled anything. Peak i
 peak device memory after the batch (its earlier batches included). Each part is bounded in time:
 a measure stops repeating after --measure_s, a preset's process after --preset_timeout, the torch
 subprocess after --torch_timeout; rows are written as they are measured, so a stopped part keeps
-what it measured. --profile N traces N prefills of each preset's largest batch after its measures
-(`profile_prefill`: the per-op table of train_step.py's --profile).
+what it measured. --profile N traces N prefills of each preset's largest batch after its measures,
+as generate runs them and as the model's prefill step alone with and without the traced prompt
+length (`profile_prefill`: each form's time, XLA temporaries and the per-op table of train_step.py's
+--profile).
 
 Writes --out/generation.json (every row and the call's device, versions, date and command) and
 --out/generation.md (the table), and prints the table last.
@@ -127,18 +129,43 @@ def measure_new_lengths(model, ids: np.ndarray, row: dict, save) -> None:
     save()
 
 
+@jax.jit
+def _prefill_step(model, tokens, length):
+  """The prefill inside generate's program alone: a fresh cache, then HybridLM.step over the whole
+  width, with the prompt length traced (`length`, the packed path generate takes) or not (None)."""
+  B, L = tokens.shape
+  cache = model.init_cache(B, L + 1)
+  return model.step(tokens, cache, last_only=True, fresh=True, length=length)
+
+
 def profile_prefill(model, ids: np.ndarray, calls: int, path: str) -> None:
-  """A jax.profiler trace of `calls` prefills of `ids` (generate with one new token, compiled by the
-  measures before), its per-op table (train_step.profile_table: each op's time a prefill and its
-  HLO / JAX names) to `path`."""
-  trace = tempfile.mkdtemp(prefix="prefill_trace_")
-  jax.profiler.start_trace(trace)
-  for _ in range(calls):
-    jax.block_until_ready(generate(model, ids, 1))
-  jax.profiler.stop_trace()
+  """jax.profiler traces of `calls` prefills of `ids` in three forms, each with its median time
+  and per-op table (train_step.profile_table: each op's time a prefill and its HLO / JAX names)
+  to `path`: generate with one new token (compiled by the measures before), and the model's
+  prefill step alone with the prompt length traced (as generate runs it: each row a prompt and its
+  padding, the packed path) and without it (the whole width one sequence), each with its XLA
+  temporary memory."""
+  tokens = jax.numpy.asarray(ids)
+  forms = {"generate(max_new_tokens=1)": (lambda: generate(model, ids, 1), None)}
+  for name, length in (("prefill step, prompt length traced (packed)", jax.numpy.int32(ids.shape[1])),
+                       ("prefill step, whole width", None)):
+    program = _prefill_step.lower(model, tokens, length).compile()
+    forms[name] = (lambda program=program, length=length: program(model, tokens, length),
+                   program.memory_analysis().temp_size_in_bytes)
+  sections = [f"# prefill of {ids.shape[0]} x {ids.shape[1]} tokens, {calls} calls a form\n"]
+  for name, (call, temp_bytes) in forms.items():
+    temp = "" if temp_bytes is None else f", XLA temporaries {temp_bytes / 2**30:.2f} GiB"
+    jax.block_until_ready(call())
+    median, _ = median_time(lambda: jax.block_until_ready(call()), calls, 30)
+    trace = tempfile.mkdtemp(prefix="prefill_trace_")
+    jax.profiler.start_trace(trace)
+    for _ in range(calls):
+      jax.block_until_ready(call())
+    jax.profiler.stop_trace()
+    sections.append(f"## {name}: {median * 1e3:.1f} ms{temp}\n\n{profile_table(trace, calls)}\n")
+    print(f"{name}: {median * 1e3:.1f} ms{temp}", flush=True)
   with open(path, "w") as f:
-    f.write(f"# prefill of {ids.shape[0]} x {ids.shape[1]} tokens, {calls} calls\n\n"
-            f"{profile_table(trace, calls)}\n")
+    f.write("\n".join(sections))
 
 
 def run_preset(a, spec: str, path: str) -> list[dict]:

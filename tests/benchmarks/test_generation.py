@@ -3,6 +3,7 @@ say they should, its table gives each row's ratios to fla's and HF Llama's row o
 --profile writes its table."""
 import os
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -56,9 +57,19 @@ def test_table_ratios_are_to_the_rows_of_the_same_batch(generation):
 
 
 def test_the_prefill_profile_is_written(generation, tmp_path):
-  """--profile's trace of compiled prefills lands as a table file (on a CPU: the line that says the
-  trace holds no device events)."""
+  """--profile's traces of compiled prefills land as one file, a section per form (on a CPU: the
+  line that says the trace holds no device events); the two step forms it compares compute the
+  same logits and final states."""
   model = HybridLM(tiny_config(vocab_size=64), nnx.Rngs(0))
   path = tmp_path / "prefill_profile.md"
-  generation.profile_prefill(model, np.zeros((2, 16), np.int32), 1, str(path))
-  assert path.read_text().startswith("# prefill of 2 x 16 tokens, 1 calls\n\n")
+  ids = np.random.default_rng(0).integers(0, 64, (2, 16), dtype=np.int32)
+  generation.profile_prefill(model, ids, 1, str(path))
+  text = path.read_text()
+  assert text.startswith("# prefill of 2 x 16 tokens, 1 calls a form\n")
+  for form in ("generate(max_new_tokens=1)", "prefill step, prompt length traced (packed)",
+               "prefill step, whole width"):
+    assert f"## {form}: " in text
+  packed, whole = (generation._prefill_step(model, ids, n) for n in (np.int32(16), None))
+  np.testing.assert_allclose(packed[0], whole[0], rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(whole[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
