@@ -6,6 +6,7 @@ length scaling, and tile variants of any family's GPU kernels.
     python -m pallas_kernels.bench                        # every op, every backend the device runs
     python -m pallas_kernels.bench --ops gla,hgrn --backends gpu --shapes 4x4096,8x8192 --out DIR
     python -m pallas_kernels.bench --report --fla DIR     # DIR/ops.json's tables, fla beside
+    python -m pallas_kernels.bench --report --out DIR --baseline BASE  # another tree's rows beside
         [--profile] [--trace] [--variants] [--scaling] [--segments 1,auto,4] [--interpret]
 
 The ops and the backends that implement them are `dispatch.support_table()`'s: a backend is timed
@@ -17,7 +18,9 @@ step (8x8192) at H=16, K=V=128; on CPU 2x1024 at H=4, K=V=64. Inputs as fla's be
 medians: each of `--reps` repetitions enqueues `--calls` back-to-back calls and divides, so host
 dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input.
 Compile time is the wall time of lowering and compiling fwd+bwd; peak memory is XLA's allocation for
-it (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py).
+it (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py);
+--baseline DIR reads DIR/ops.json, the rows of another tree timed in the same device call
+(benchmarks/ab.sh), and prints its times beside ours as baseline/ours ratios.
 --variants times the GPU kernels' tile variants in env VARIANTS (`variants`: e.g.
 "warps_wy=8,mlstm:warps_chunk=8") at the first shape. --scaling times the gated delta rule at T in
 --lengths, 65,536 tokens a step. With --out every
@@ -245,6 +248,34 @@ def variants(spec: str) -> tuple[tuple[str, NamedTuple], ...]:
   return tuple(out)
 
 
+def load_baseline(d) -> dict:
+  """Another tree's rows from DIR/ops.json, by (op, backend, shape, segments); {} without DIR."""
+  if not d:
+    return {}
+  return {_row_key(r): r for r in json.load(open(os.path.join(d, "ops.json")))["rows"]}
+
+
+def _row_key(r) -> tuple:
+  return r["op"], r["backend"], r["shape"], str(r.get("segments", "1"))
+
+
+def print_baseline(res, base):
+  """Our rows beside the baseline's of the same op, backend, shape and segment count."""
+  print("\n| op | shape | backend | segments | fwd / fwd+bwd ms | baseline | baseline/ours fwd | "
+        "baseline/ours fwd+bwd | peak GiB | baseline peak | compile s | baseline compile |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in res["rows"]:
+    b = base.get(_row_key(r), {})
+    if "error" in r or "fwd_ms" not in b:
+      why = r.get("error") or b.get("error") or "no baseline row"
+      print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | {why[:80]} |")
+      continue
+    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
+          f"{r['fwd_ms']:.3f} / {r['fwdbwd_ms']:.3f} | {b['fwd_ms']:.3f} / {b['fwdbwd_ms']:.3f} | "
+          f"{b['fwd_ms'] / r['fwd_ms']:.3f}x | {b['fwdbwd_ms'] / r['fwdbwd_ms']:.3f}x | "
+          f"{r['peak_GiB']:.2f} | {b['peak_GiB']:.2f} | {r['compile_s']:.1f} | {b['compile_s']:.1f} |")
+
+
 def load_fla(d) -> dict:
   """fla's figures from DIR/fla_ops.json: {op: {"BxT": {fwd_ms, fwdbwd_ms, peak_GiB, ...}}}."""
   path = os.path.join(d or "", "fla_ops.json")
@@ -288,6 +319,8 @@ def define_flags(fv, argv) -> None:
                     "(pallas_kernels.common.segments: 1 is the op whole)", flag_values=fv)
   flags.DEFINE_bool("report", False, "only print the tables of OUT/ops.json (default OUT: the "
                     "--fla folder), fla's beside", flag_values=fv)
+  flags.DEFINE_string("baseline", None, "a folder with another tree's ops.json from the same device "
+                      "call (benchmarks/ab.sh): its rows beside ours", flag_values=fv)
 
 
 def _integers(name: str, values: list[str], count: int | None = None) -> list[int]:
@@ -319,6 +352,9 @@ def parse_args(argv=None):
   if a.report and not (a.out or a.fla):
     cli.fail("--report prints the tables of OUT/ops.json (default OUT: the --fla folder): "
              "give --out")
+  if a.baseline and not os.path.exists(os.path.join(a.baseline, "ops.json")):
+    # a baseline that did not run must not read as one
+    cli.fail(f"--baseline {a.baseline}: no ops.json there (did the baseline's run fail?)")
   bad = [s for s in a.segments if s != "auto" and not s.isdigit()]
   if bad:
     cli.fail(f"--segments: {bad} are neither counts nor 'auto'")
@@ -348,9 +384,9 @@ def main(argv=None):
   timer = Timer(a.calls, a.reps, a.interpret)
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}; "
         f"H={H} K={K} V={V} {a.dtype}", flush=True)
-  fla = load_fla(a.fla)
+  fla, base = load_fla(a.fla), load_baseline(a.baseline)
   if a.report:
-    return print_tables(json.load(open(os.path.join(a.out or a.fla, "ops.json"))), fla)
+    return print_tables(json.load(open(os.path.join(a.out or a.fla, "ops.json"))), fla, base)
   res = dict(rows=[], profile={}, variants=[], scaling=[], traces={})
   if a.out:
     os.makedirs(a.out, exist_ok=True)
@@ -403,11 +439,11 @@ def main(argv=None):
       res["scaling"].append(dict(T=Tl, backend=backend, **r))
       save()
     del inp
-  print_tables(res, fla)
+  print_tables(res, fla, base)
   return res
 
 
-def print_tables(res, fla):
+def print_tables(res, fla, base=None):
   print("\n| op | shape | backend | segments | fwd ms | fwd+bwd ms | compile s | peak GiB | fla fwd / "
         "fwd+bwd ms | fla/ours fwd | fla/ours fwd+bwd | fla peak GiB |")
   print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -423,6 +459,8 @@ def print_tables(res, fla):
           f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
           f"{r['compile_s']:.1f} | {r['peak_GiB']:.2f} | {fla_ms} | {ratio('fwd_ms')} | "
           f"{ratio('fwdbwd_ms')} | {f.get('peak_GiB', '-')} |")
+  if base:
+    print_baseline(res, base)
   for name, table in res.get("traces", {}).items():
     print(f"\n{name} fwd+bwd, device time per kernel:\n{table}")
   if res["profile"]:

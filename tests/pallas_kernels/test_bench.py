@@ -1,6 +1,6 @@
 """The op benchmark: a row per op and backend in OUT/ops.json, its tables again from that file with
---report, and one-line errors for a flag it cannot read (an op or backend it does not know, a
-malformed shape)."""
+--report (another tree's rows beside with --baseline), and one-line errors for a flag it cannot
+read (an op or backend it does not know, a malformed shape)."""
 import json
 
 import pytest
@@ -26,6 +26,22 @@ def test_rows_are_written_and_reported(tmp_path, capsys):
     assert "| hgrn | 1x64 | reference | 1 | " in capsys.readouterr().out
 
 
+def test_a_baseline_is_reported_beside_our_rows(tmp_path, capsys):
+  """--baseline DIR (benchmarks/ab.sh): the other tree's row of the same op, backend, shape and
+  segment count beside ours, as baseline/ours ratios; a row the baseline lacks says so."""
+  row = dict(op="hgrn", backend="gpu", shape="4x4096", segments="1", fwd_ms=1.0, fwdbwd_ms=2.0,
+             compile_s=3.0, peak_GiB=0.5)
+  for name, rows in (("this", [row, dict(row, shape="8x8192")]),
+                     ("base", [dict(row, fwd_ms=1.5, fwdbwd_ms=1.0, peak_GiB=0.75)])):
+    (tmp_path / name).mkdir()
+    json.dump(dict(rows=rows, profile={}, variants=[], scaling=[], traces={}),
+              open(tmp_path / name / "ops.json", "w"))
+  bench.main(["--report", "--out", str(tmp_path / "this"), "--baseline", str(tmp_path / "base")])
+  out = capsys.readouterr().out
+  assert "| hgrn | 4x4096 | gpu | 1 | 1.000 / 2.000 | 1.500 / 1.000 | 1.500x | 0.500x | 0.50 | 0.75 |" in out
+  assert "| hgrn | 8x8192 | gpu | 1 | no baseline row |" in out
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--ops", "nope"], "--ops: unknown op"),
     (["--backends", "cuda"], "--backends: unknown backend"),
@@ -34,7 +50,8 @@ def test_rows_are_written_and_reported(tmp_path, capsys):
     (["--hkv=16,128"], "--hkv: '16,128': give 3 integers"),
     (["--calls", "0"], "flag --calls=0: 0 is not a positive integer"),
     (["--dtype", "bf16"], "--dtype: 'bf16' is not a dtype"),
-    (["--segments", "1,all"], r"--segments: \['all'\] are neither counts nor 'auto'")])
+    (["--segments", "1,all"], r"--segments: \['all'\] are neither counts nor 'auto'"),
+    (["--baseline", "/nonexistent"], r"--baseline /nonexistent: no ops.json there")])
 def test_bad_flags_say_which(argv, message, monkeypatch):
   monkeypatch.delenv("OUT", raising=False)
   with pytest.raises(SystemExit, match=f"^error: {message}"):
