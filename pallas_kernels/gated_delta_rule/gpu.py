@@ -21,9 +21,9 @@ recomputed, never stored by the forward)
   3. `_wy_apply`                above K = 128: w and u again from T (grid (NT, B*H)); then
      `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.
-  4. `chunk_dh.dh_pass`         P^T do in a chunk-parallel kernel (grid (NT, B*H)), then grid
-                                (V/BV, B*H), chunks in reverse: dh (the state gradient at each
-                                chunk end), dv' = P^T do + exp(G_C - G) k dh,
+  4. `chunk_dh.dh_pass`         grid (V/BV, B*H), chunks in reverse (above K = 128 after P^T do
+                                in a chunk-parallel kernel, grid (NT, B*H)): dh (the state
+                                gradient at each chunk end), dv' = P^T do + exp(G_C - G) k dh,
                                 dh <- exp(G_C) dh + (scale exp(G) q)^T do - w^T dv'.
   5. `chunk_dqk.dqk_pass`       grid (K/BK, NT, B*H): dq, the P- and state-parts of dk,
                                 dw = -dv' h^T, and dG.

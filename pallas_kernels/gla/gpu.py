@@ -14,9 +14,9 @@ forward
                     dtype, kept for the backward; not written by a forward that is not
                     differentiated), final state.
 backward (residuals: the inputs, G, A, qd, kd and h)
-  4. `chunk_dh.dh_pass` A^T do in a chunk-parallel kernel, then grid (V/BV, B*H), chunks in
-                    reverse: dh (the state gradient at each chunk end), d initial_state and
-                    dv = A^T do + kd dh.
+  4. `chunk_dh.dh_pass` grid (V/BV, B*H), chunks in reverse: dh (the state gradient at each chunk
+                    end), d initial_state and dv = A^T do + kd dh (A^T do in a chunk-parallel
+                    kernel before it above K = 128).
   5. `_dqkg`        grid (K/BK, NT, B*H): dA = scale do v^T, dq and dk (state parts plus the
                     intra-chunk parts) and dg, the reverse chunk-local cumsum of dG = q dq - k dk plus
                     the decay's gradient at the chunk end, sum_v dh (exp(G_C) h + kd^T v), which

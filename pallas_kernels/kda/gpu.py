@@ -28,8 +28,8 @@ forward
                               S = diag(exp(G_C)) S + kg^T v'.
 backward (residuals: the inputs, w, u, T, P, qg and kg; the states are recomputed)
   4. `chunk_state.state_pass` the chunk-start states h and v'.
-  5. `chunk_dh.dh_pass`       P^T do (chunk-parallel), then dh, dv' = P^T do + kg dh, d initial
-                              state.
+  5. `chunk_dh.dh_pass`       dh, dv' = P^T do + kg dh, d initial state (P^T do chunk-parallel
+                              before it above K = 128).
   6. `chunk_dqk.dqk_pass`     the state parts of dq, dk and dG, and dw = -dv' h^T.
   7a. `_bwd_wy`               grid (NT, B*H): back through w, u and T: dv, dbeta's and dk's and
                               dG's parts, and the score gradients dA = -T^T dT T^T (strictly lower)

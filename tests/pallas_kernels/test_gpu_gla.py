@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.common.gpu.config import Config as SharedConfig
 from pallas_kernels.gla import gpu as gla_gpu
 from tests.pallas_kernels import harness
 from tests.pallas_kernels.cases import GLA, RWKV6
@@ -42,6 +43,15 @@ INTERPRET_CASES = [
 def test_chunk_interpret(case, T, H, K, V, dtype, varlen):
   harness.check_op(case, T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu", interpret=True,
                    varlen=varlen)
+
+
+def test_chunk_interpret_with_p_t_do_split_out(monkeypatch):
+  """The dh pass reading P^T do from `chunk_dh.dv_local_pass` (the default above K = 128, here
+  forced at K = 32): the per-channel path, varlen."""
+  config = gla_gpu.Config(shared=SharedConfig(split_dv_local=True))
+  monkeypatch.setitem(gla_gpu.chunk_gla.__kwdefaults__, "config", config)
+  harness.check_op(GLA, T=150, H=2, K=32, V=16, dtype="float32", backend="gpu", interpret=True,
+                   varlen=True)
 
 
 @pytest.mark.parametrize("case,T,H,K,V,dtype,varlen", [(GLA, 37, 2, 100, 48, "float32", False),
@@ -85,10 +95,10 @@ def test_kernels_lower_to_triton():
       lambda *a: jnp.sum(op(*a, backend="gpu", **kw)[0].astype(jnp.float32)),
       argnums=tuple(range(n)))(*a)
   ops = {
-      "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 6),
+      "chunk fwd+bwd": (grads(GLA.chunk, 4), x, 5),
       "chunk varlen fwd+bwd": (lambda *a: grads(GLA.chunk, 4, cu_seqlens=a[4])(*a[:4]),
-                               x + (cu,), 6),
-      "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 6),
+                               x + (cu,), 5),
+      "rwkv6 fwd+bwd": (grads(RWKV6.chunk, 5), x + (u,), 5),
       "recurrent varlen": (lambda *a: GLA.fused_recurrent(*a[:4], cu_seqlens=a[4], backend="gpu"),
                            x + (cu,), 1),
   }

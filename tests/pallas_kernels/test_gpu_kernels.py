@@ -179,22 +179,26 @@ def test_state_value_block_counts_the_segments():
   assert seen == [32] and state_value_block(Config(), 1, 4, 256, 512, False, False) == 16
 
 
-# (case, the op's gpu function, T, K, V, dtype, varlen, config): the forward's output by the
-# chunk-parallel kernel after a state pass that writes h, v' and the final state
-# (Config.split_output, the default above K = 128), with and without the delta correction and key
-# blocks (K = 128: the output kernel's two key tiles), varlen final states per sequence.
-SPLIT_OUTPUT_CASES = [
+# (case, the op's gpu function, T, K, V, dtype, varlen, config): the stages split out of the state
+# passes above K = 128, forced at smaller K. The forward's output by the chunk-parallel kernel after
+# a state pass that writes h, v' and the final state (Config.split_output), with and without the
+# delta correction and key blocks (K = 128: the output kernel's two key tiles), varlen final states
+# per sequence; the backward's P^T do before the dh pass (Config.split_dv_local).
+SPLIT_CASES = [
     (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, 48, "float32", True, Config(split_output=True)),
     (GDN, gdn_gpu.chunk_gated_delta_rule, 70, 64, 64, "bfloat16", False,
      Config(split_output=True, bk_state=16)),
     (GDN, gdn_gpu.chunk_gated_delta_rule, 70, 128, 32, "float32", False, Config(split_output=True)),
+    (GDN, gdn_gpu.chunk_gated_delta_rule, 100, 40, 48, "float32", True, Config(split_dv_local=True)),
+    (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, 32, "bfloat16", False,
+     Config(split_dv_local=True)),
     (SGLA, simple_gla_gpu.chunk_simple_gla, 70, 64, 32, "bfloat16", True, Config(split_output=True)),
 ]
 
 
-@pytest.mark.parametrize("case,fn,T,K,V,dtype,varlen,config", SPLIT_OUTPUT_CASES,
+@pytest.mark.parametrize("case,fn,T,K,V,dtype,varlen,config", SPLIT_CASES,
                          ids=lambda x: getattr(x, "name", None))
-def test_split_output_interpret(monkeypatch, case, fn, T, K, V, dtype, varlen, config):
+def test_split_stages_interpret(monkeypatch, case, fn, T, K, V, dtype, varlen, config):
   monkeypatch.setitem(fn.__kwdefaults__, "config", config)
   harness.check_op(case, T=T, H=2, K=K, V=V, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 

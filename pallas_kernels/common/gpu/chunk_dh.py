@@ -1,18 +1,16 @@
-"""The reverse state-gradient pass (like fla's chunk_bwd_dv_local, then
-chunk_gated_delta_rule_bwd_dhu). First a chunk-parallel kernel, grid (NT, B*H), forms the
-intra-chunk part of dv', P^T do; then the serial pass, grid (V / BV, B*H), walks the chunks in
-reverse in a `lax.fori_loop` with the float32 dS [K, BV] in registers (as blocks of
-Config.bk_state key rows, as in chunk_state.py):
+"""The reverse state-gradient pass (like fla's chunk_gated_delta_rule_bwd_dhu, after its
+chunk_bwd_dv_local above K = 128): grid (V / BV, B*H), the chunks in reverse in a `lax.fori_loop`,
+the float32 dS [K, BV] in registers (as blocks of Config.bk_state key rows, as in chunk_state.py):
 
-  dv_local = P^T do                               (chunk-parallel, every value column at once)
   dh_c = dS (the state gradient at the chunk's end, stored for the dq/dk kernel)
-  dv'  = dv_local + exp(G_C - G) k dS
+  dv'  = P^T do + exp(G_C - G) k dS
   dS  <- exp(G_C) dS + (scale exp(G) q)^T do  [- w^T dv' for the delta rule]
 
 Scalar gates G [C] or per-channel gates G [C, K] as in chunk_state.py; the per-channel path takes q
-and k gated (scale exp(G) q, exp(G_C - G) k) and the forward's intra-chunk scores P instead of
-forming them. P^T do sits outside the serial pass because the pass runs one program per value
-tile: formed there, the [C, C] scores (a K-long product) were recomputed by each of the V / BV
+and k gated (scale exp(G) q, exp(G_C - G) k) and reads the forward's intra-chunk scores P instead
+of forming them. The intra-chunk part P^T do comes from a chunk-parallel kernel, grid (NT, B*H),
+where `config.split_dv_local` says so (above K = 128): the pass runs one program per value tile,
+and formed there, the [C, C] scores (a K-long product) are recomputed by each of the V / BV
 programs of a head, on the critical path of every chunk step (at the 475M GDN's K=256, V=512 the
 pass took 4.9 ms a layer at B=1 T=32,768 on an H100, against 2.3 for fla's, which splits it so).
 """
@@ -23,8 +21,8 @@ import functools
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common.gpu.config import (CHUNK, Static, state_key_block, state_stages,
-                                              state_value_block)
+from pallas_kernels.common.gpu.config import (CHUNK, Static, split_dv_local, state_key_block,
+                                              state_stages, state_value_block)
 from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
                                                    dot_tn, key_blocks, over_value_tiles,
                                                    precision, read_blocks, scale_rows,
@@ -78,11 +76,12 @@ def _per_channel_dh_update(dS, qs, do, g_last, prec):
   return [decay_state(s, gl) + dot_tn(q, do, prec) for s, gl, q in zip(dS, g_last, qs)]
 
 
-def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, dvl_ref, dht_ref, starts_ref, ends_ref,
+def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dvl_ref, dht_ref, starts_ref, ends_ref,
                dh_ref, dvn_ref, dh0_ref, *, NT, scale, bk):
   """Reverse chunk loop, dS a list of [bk, BV] blocks of its key rows (`kernel_math.key_blocks`).
-  Absent refs are None: w_ref without the delta correction; starts_ref and ends_ref without
-  varlen. Per-channel gates (g_ref [T, K]): q and k arrive gated."""
+  Absent refs are None: w_ref without the delta correction; dvl_ref (P^T do from `dv_local_pass`)
+  unless `split_dv_local`; p_ref (the forward's scores) but with per-channel gates (g_ref [T, K]:
+  q and k arrive gated) and no dvl_ref; starts_ref and ends_ref without varlen."""
   C = CHUNK
   dt = k_ref.dtype
   prec = precision(dt)
@@ -97,16 +96,26 @@ def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, dvl_ref, dht_ref, starts_ref,
       dS = state_at_flag(ends_ref[c], read_blocks(dht_ref, rows), dS)
     for r, s in zip(rows, dS):
       dh_ref[c, r, :] = s.astype(dh_ref.dtype)
+    qs = None if dvl_ref is not None else [q_ref[sl, r] for r in rows]
     ks, do = [k_ref[sl, r] for r in rows], do_ref[sl, :]
     if per_channel:
       g_last = [g_ref[t0 + C - 1, r] for r in rows]
     else:
       G, g_last = chunk_gates(g_ref, t0, C)
+    if dvl_ref is not None:
+      dvl = dvl_ref[sl, :].astype(F32)
+    elif per_channel:
+      dvl = dot_tn(p_ref[sl, :], do, prec)
+    else:
+      P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+      dvl = dot_tn(P.astype(dt), do, prec)
+    if not per_channel:
       ks = [scale_rows(k, jnp.exp(g_last - G), dt) for k in ks]
-    dvn = dvl_ref[sl, :].astype(F32) + total([dot(k, s.astype(dt), prec) for k, s in zip(ks, dS)])
+    dvn = dvl + total([dot(k, s.astype(dt), prec) for k, s in zip(ks, dS)])
     dvn_c = dvn.astype(dt)
     dvn_ref[sl, :] = dvn_c
-    qs = [q_ref[sl, r] for r in rows]
+    if qs is None or len(rows) > 1:  # loaded again, not held live through the step's other dots
+      qs = [q_ref[sl, r] for r in rows]
     dS = (_per_channel_dh_update(dS, qs, do, g_last, prec) if per_channel
           else _scalar_dh_update(dS, qs, do, G, g_last, scale, dt, prec))
     if w_ref is not None:
@@ -128,14 +137,18 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   per_channel = G.ndim == 4
   if per_channel and scores is None:
     raise ValueError("per-channel gates need the forward's intra-chunk `scores`")
-  dvl = dv_local_pass(q, k, G, do, st, scores if per_channel else None)
+  scores = scores if per_channel else None
+  dvl = None
+  if split_dv_local(st.cfg, K):
+    dvl, scores = dv_local_pass(q, k, G, do, st, scores), None
   BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel, st.is_varlen))
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   flags = (starts, ends) if st.is_varlen else (None, None)
-  args = [q, k, w, do, G, dvl, dht, *flags]
+  args = [q, k, w, do, G, scores, dvl, dht, *flags]
   in_specs = [sp.seq_tok(K), sp.seq_tok(K), spec_if(w, sp.seq_tok(K)), sp.seq_tok(BV, True),
-              sp.seq_gate(K if per_channel else None), sp.seq_tok(BV, True), h0_spec,
+              sp.seq_gate(K if per_channel else None), spec_if(scores, sp.seq_tok(CHUNK)),
+              spec_if(dvl, sp.seq_tok(BV, True)), h0_spec,
               *(spec_if(f, sp.seq_flags()) for f in flags)]
   kern = functools.partial(_dh_kernel, NT=sp.NT, scale=st.scale,
                            bk=state_key_block(st.cfg, K, per_channel))

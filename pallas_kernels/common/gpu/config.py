@@ -23,6 +23,8 @@ class Config(NamedTuple):
   split_output: bool | None = None  # the forward's output by chunk_o.output_pass after the state
                           # pass instead of inside its chunk loop; None: split_output's default
   bv_output: int = 64     # value tile of the chunk-parallel output kernel
+  split_dv_local: bool | None = None  # the backward's P^T do by chunk_dh.dv_local_pass before the
+                          # dh pass instead of inside its chunk loop; None: split_dv_local's default
   warps_output: int = 4
   warps_wy: int = 2       # forward WY/UT kernel (anchor-shape forward on the H200: 0.516 ms at
                           # 2 warps, 0.564 at 4, 0.818 at 8; its 16x16 dots fill few warps)
@@ -116,4 +118,18 @@ def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
     return False
   if cfg.split_output is not None:
     return cfg.split_output
+  return K > 128
+
+
+def split_dv_local(cfg: Config, K: int) -> bool:
+  """Whether the backward forms the intra-chunk part of dv', P^T do, in a chunk-parallel kernel
+  (`chunk_dh.dv_local_pass`) before the dh pass, rather than inside the dh pass's serial chunk loop.
+  That loop runs one program per value tile and head, and each forms the chunk's [C, C] scores, a
+  K-long product, on its critical path: above K = 128 the split pays (GDN fwd+bwd at H=4 K=256
+  V=512 on an H100: 7.82 against 8.43 ms at B=1 T=32,768, 4.55 against 4.74 at B=8 T=4,096, with
+  the other kernel changes of that A/B); at K = V = 128, H = 16 the extra kernel and the round trip
+  of P^T do through memory cost more than the products it saves (fwd+bwd at B=4 T=4,096: GDN 1.82
+  against 1.66 ms, simple GLA 0.91 against 0.74)."""
+  if cfg.split_dv_local is not None:
+    return cfg.split_dv_local
   return K > 128
