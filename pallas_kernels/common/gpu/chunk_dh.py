@@ -23,8 +23,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common.gpu.config import (CHUNK, Static, split_dv_local, state_key_block,
                                               state_stages, state_value_block)
-from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
-                                                   dot_tn, key_blocks, over_value_tiles,
+from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay_state, dot, dot_tn,
+                                                   intra_chunk_scores, key_blocks, over_value_tiles,
                                                    precision, read_blocks, scale_rows,
                                                    state_at_flag, store_at_flag, total, walk_chunks,
                                                    write_blocks)
@@ -37,7 +37,7 @@ def _dv_local_kernel(q_ref, k_ref, g_ref, p_ref, do_ref, dvl_ref, *, scale, bv, 
   dt = do_ref.dtype
   prec = precision(dt)
   if p_ref is None:
-    P = (dot_nt(q_ref[...], k_ref[...], prec) * (decay(g_ref[...]) * scale)).astype(dt)
+    P = intra_chunk_scores([q_ref[...]], [k_ref[...]], g_ref[...], scale, prec).astype(dt)
   else:
     P = p_ref[...]
 
@@ -107,7 +107,7 @@ def _dh_kernel(q_ref, k_ref, w_ref, do_ref, g_ref, p_ref, dvl_ref, dht_ref, star
     elif per_channel:
       dvl = dot_tn(p_ref[sl, :], do, prec)
     else:
-      P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+      P = intra_chunk_scores(qs, ks, G, scale, prec)
       dvl = dot_tn(P.astype(dt), do, prec)
     if not per_channel:
       ks = [scale_rows(k, jnp.exp(g_last - G), dt) for k in ks]

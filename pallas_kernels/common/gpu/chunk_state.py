@@ -29,8 +29,9 @@ from jax.experimental import pallas as pl
 from pallas_kernels.common.gpu import chunk_o
 from pallas_kernels.common.gpu.config import (CHUNK, Static, split_output, state_key_block,
                                               state_stages, state_value_block)
-from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay, decay_state, dot, dot_nt,
-                                                   dot_tn, key_blocks, precision, scale_rows,
+from pallas_kernels.common.gpu.kernel_math import (F32, chunk_gates, decay_state, dot, dot_tn,
+                                                   intra_chunk_scores, key_blocks, precision,
+                                                   scale_rows,
                                                    read_blocks, state_at_flag, store_at_flag,
                                                    total, walk_chunks, write_blocks)
 from pallas_kernels.common.gpu.layout import Specs, launch, sds, spec_if, value_tile
@@ -39,7 +40,7 @@ from pallas_kernels.common.gpu.layout import Specs, launch, sds, spec_if, value_
 def _scalar_output(q_ref, sl, rows, ks, S, vn_c, G, scale, dt, prec):
   """o of a chunk with scalar gates: scale exp(G) q S + P v', P formed here."""
   qs = [q_ref[sl, r] for r in rows]
-  P = total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+  P = intra_chunk_scores(qs, ks, G, scale, prec)
   qS = total([dot(scale_rows(q, jnp.exp(G) * scale, dt), s.astype(dt), prec)
               for q, s in zip(qs, S)])
   return qS + dot(P.astype(dt), vn_c, prec)

@@ -57,6 +57,12 @@ def decay(G, strict: bool = False):
   return jnp.exp(jnp.where(lower_mask(C, strict), G[:, None] - G[None, :], -jnp.inf))
 
 
+def intra_chunk_scores(qs, ks, G, scale, prec=None):
+  """P = lower(scale q k^T exp(G_i - G_j)), float32 [C, C], of a chunk with scalar gates G [C]; q
+  and k as lists of key-row blocks (`key_blocks`; one block: [q], [k]), their products summed."""
+  return total([dot_nt(q, k, prec) for q, k in zip(qs, ks)]) * (decay(G) * scale)
+
+
 def scale_rows(x, s, dtype=None):
   """diag(s) x in float32, optionally cast to `dtype` (a matmul operand)."""
   y = x.astype(F32) * s[:, None]
