@@ -134,11 +134,11 @@ def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varle
 
 
 # (config, K, per_channel) -> stages of the state passes and of the dh pass: above K = 128 two
-# stages only where the state is held in blocks of at most 128 key rows, and the dh pass one unless
-# asked (two are not yet timed there).
+# stages only where the state is held in blocks of at most 128 key rows, the dh pass as the state
+# passes unless `stages_dh` says otherwise.
 STAGES_CASES = [
-    (Config(), 128, False, 2, 2), (Config(), 256, False, 2, 1), (Config(bk_state=256), 256, False, 1, 1),
-    (Config(stages_dh=2), 256, False, 2, 2), (Config(stages_state=3), 64, False, 3, 3),
+    (Config(), 128, False, 2, 2), (Config(), 256, False, 2, 2), (Config(bk_state=256), 256, False, 1, 1),
+    (Config(stages_dh=1), 256, False, 2, 1), (Config(stages_state=3), 64, False, 3, 3),
     (Config(bk_state=64), 256, True, 1, 1), (Config(), 128, True, 2, 2),
 ]
 
@@ -330,3 +330,10 @@ def test_product_form_inverse_matches_float64(spread):
   got = np.asarray(unit_lower_inverse_product(jnp.asarray(D, jnp.float32)))
   want = np.linalg.inv(np.eye(16) + D)
   assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("config,K,keys", [(Config(), 128, 128), (Config(), 256, 64),
+                                           (Config(bk_wy_bwd=128), 256, 128)])
+def test_wy_bwd_key_block(config, K, keys):
+  """The WY backward's key tiles: the whole K up to 128, 64 above, unless the Config says."""
+  assert gdn_gpu.wy_bwd_key_block(config, K) == keys

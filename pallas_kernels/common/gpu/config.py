@@ -92,16 +92,18 @@ def state_stages(cfg: Config, K: int, per_channel: bool, dh: bool = False) -> in
   key rows. In [64, BV] blocks (state_key_block's default above K = 128) two stages fit at K = 256,
   V = 512 (compiled for sm_90a, `gpu_aot`): the state pass in 112 KiB without spills; the dh pass,
   since its intra-chunk part moved to `chunk_dh.dv_local_pass`, in 136 KiB without spills at 16
-  value columns (144 KiB and 132 bytes of spills a thread at 32; one stage: 36 KiB, none). The
-  state passes pipeline their loads there; the dh pass keeps one stage, not yet timed at two
-  (`stages_dh`). Timed on an H100
-  against one stage everywhere (GDN fwd / fwd+bwd, H=4 K=256 V=512 bf16): 2.20 / 8.85 ms against
-  3.28 / 10.00 at B=1 T=32,768; 1.60 / 4.79 against 1.72 / 4.94 at B=8 T=4,096."""
+  value columns (144 KiB and 132 bytes of spills a thread at 32; one stage: 36 KiB, none). Both
+  passes pipeline their loads there (`stages_dh` sets the dh pass's apart). Timed on an H100, GDN
+  fwd / fwd+bwd at H=4 K=256 V=512 bf16: the state passes at two stages against one everywhere,
+  2.20 / 8.85 ms against 3.28 / 10.00 at B=1 T=32,768, 1.60 / 4.79 against 1.72 / 4.94 at B=8
+  T=4,096; then the dh pass at two stages against one, fwd+bwd 5.88 against 7.72 ms at B=1
+  T=32,768 (its 64 programs each walk 512 chunks, so a load it waits on is the whole pass's
+  latency) and 4.37 against 4.49 at B=8 T=4,096."""
   if K > 128 and (per_channel or state_key_block(cfg, K, per_channel) > 128):
     return 1
   if dh and cfg.stages_dh is not None:
     return cfg.stages_dh
-  return 1 if dh and K > 128 else cfg.stages_state
+  return cfg.stages_state
 
 
 def split_output(cfg: Config, K: int, per_channel: bool) -> bool:
