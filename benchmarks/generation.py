@@ -132,7 +132,7 @@ def measure_new_lengths(model, ids: np.ndarray, row: dict, save) -> None:
 @jax.jit
 def _prefill_step(model, tokens, length):
   """The prefill inside generate's program alone: a fresh cache, then HybridLM.step over the whole
-  width, with the prompt length traced (`length`, the packed path generate takes) or not (None)."""
+  width, with the prompt length traced (`length`, as generate runs it) or not (None)."""
   B, L = tokens.shape
   cache = model.init_cache(B, L + 1)
   return model.step(tokens, cache, last_only=True, fresh=True, length=length)
@@ -143,11 +143,11 @@ def profile_prefill(model, ids: np.ndarray, calls: int, path: str) -> None:
   and per-op table (train_step.profile_table: each op's time a prefill and its HLO / JAX names)
   to `path`: generate with one new token (compiled by the measures before), and the model's
   prefill step alone with the prompt length traced (as generate runs it: each row a prompt and its
-  padding, the packed path) and without it (the whole width one sequence), each with its XLA
-  temporary memory."""
+  padding, which a mixer without neutral inputs runs as two packed sequences, `layers.common.run_op`)
+  and without it (the whole width one sequence), each with its XLA temporary memory."""
   tokens = jax.numpy.asarray(ids)
   forms = {"generate(max_new_tokens=1)": (lambda: generate(model, ids, 1), None)}
-  for name, length in (("prefill step, prompt length traced (packed)", jax.numpy.int32(ids.shape[1])),
+  for name, length in (("prefill step, prompt length traced", jax.numpy.int32(ids.shape[1])),
                        ("prefill step, whole width", None)):
     program = _prefill_step.lower(model, tokens, length).compile()
     forms[name] = (lambda program=program, length=length: program(model, tokens, length),

@@ -185,11 +185,14 @@ class Packing(NamedTuple):
     sequences) up to a static N.
   reset_ids: int32 [B, L] index of the sequence each token belongs to (unique across the batch).
 
+  prompt_length: int32 scalar, the prompt's tokens in every row (`prompt_packing`), else None.
+
   With a cache, the cache continues each row's first sequence and the later ones are a prefill's
   padding: no state or convolution input of theirs enters the new cache (run_op, causal_taps).
   """
   cu_seqlens: jax.Array
   reset_ids: jax.Array
+  prompt_length: jax.Array | None = None
 
 
 class Context(NamedTuple):
@@ -347,11 +350,11 @@ def prompt_packing(length, batch: int, width: int) -> Packing:
   length = jnp.asarray(length, jnp.int32)
   cu_seqlens = jnp.broadcast_to(jnp.stack([0, length, width]).astype(jnp.int32), (batch, 3))
   padding = (jnp.arange(width, dtype=jnp.int32) >= length).astype(jnp.int32)
-  return Packing(cu_seqlens, 2 * jnp.arange(batch, dtype=jnp.int32)[:, None] + padding)
+  return Packing(cu_seqlens, 2 * jnp.arange(batch, dtype=jnp.int32)[:, None] + padding, length)
 
 
 def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = False, packing=None,
-           **kwargs):
+           neutral: dict[int, float] | None = None, **kwargs):
   """Calls a pallas_kernels op on time-major args ([B, L, ...] arrays).
 
   Training (state None): the chunk op, no final state. Prefill (state given): the chunk op from
@@ -360,7 +363,14 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
   rows), so the state resets at every sequence boundary. Rows stay independent: flattening the batch
   into one row would make the sequential pass over chunks B times longer. Packed rows with a state
   (a prompt padded to a compiled width, Packing): the row's state starts its first sequence, the
-  later ones (the padding) start from zeros, and the final state is its first sequence's. Array
+  later ones (the padding) start from zeros, and the final state is its first sequence's.
+  `neutral` ({index into args: value}) names inputs whose value at a token leaves the state as it
+  is (a log-gate of 0 with a key or beta of 0): with it, a prompt padded to a compiled width
+  (`prompt_packing`) runs as one call over the batch and the whole width, its padding set to those
+  values, so the final state is the prompt's. Nothing reads the padding's outputs: the layers after
+  see them only at the padding's positions. That call takes the op's plain path, where the packed
+  one runs each row as a varlen call under a vmap (the 475M GDN's prefill of 64 x 2,048 tokens on
+  an H100: 400 against 462 ms, 5.1 against 27.9 GiB of XLA temporaries). Array
   keyword arguments are per-head ([H, ...], e.g. RWKV-6's u). Returns (o [B, L, ...], final state
   or None).
 
@@ -388,5 +398,15 @@ def run_op(chunk_fn, recurrent_fn, args: tuple, *, state=None, decode: bool = Fa
       return o[0], None if row_state is None else jax.tree.map(lambda s: s[0], final)
     return jax.vmap(row)(args, cu_seqlens, state)
 
+  if neutral and state is not None and packing is not None and packing.prompt_length is not None:
+    args, packing = neutral_padding(args, neutral, packing.prompt_length), None
   cu_seqlens = None if packing is None else packing.cu_seqlens
   return sharding.shard_op(call, args, state, arrays, cu_seqlens)
+
+
+def neutral_padding(args: tuple, neutral: dict[int, float], length) -> tuple:
+  """`args` ([B, L, ...]) with the `neutral` ones set to their value from token `length` on."""
+  pad = jnp.arange(args[0].shape[1]) >= length
+  return tuple(a if i not in neutral else
+               jnp.where(pad.reshape(1, -1, *(1,) * (a.ndim - 2)), jnp.asarray(neutral[i], a.dtype), a)
+               for i, a in enumerate(args))

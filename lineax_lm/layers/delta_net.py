@@ -69,5 +69,6 @@ class DeltaNet(LinearMixer):
       beta = beta * 2.0
     o, state = run_op(chunk_delta_rule, fused_recurrent_delta_rule, (q, k, v, beta.astype(q.dtype)),
                       state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx and ctx.packing, backend=cfg.backend)
+                      packing=ctx and ctx.packing, backend=cfg.backend,
+                      neutral={3: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)

@@ -64,7 +64,8 @@ class GatedDeltaNet(LinearMixer):
         self.a_proj(x).astype(F32) + self.dt_bias[...].astype(F32))
     o, state = run_op(chunk_gated_delta_rule, _fused_recurrent,
                       (q, k, v, g, beta.astype(q.dtype)), state=self.state_of(cache),
-                      decode=self.decoding(x, cache), packing=ctx and ctx.packing, backend=cfg.backend)
+                      decode=self.decoding(x, cache), packing=ctx and ctx.packing, backend=cfg.backend,
+                      neutral={3: 0.0, 4: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)
 
   def _normed_qkv(self, x, cache, ctx):

@@ -51,5 +51,6 @@ class GLA(LinearMixer):
       g = jnp.maximum(g, cfg.clamp_min)
     o, state = run_op(chunk_gla, fused_recurrent_gla, (q, k, v, split_heads(g, self.head_k_dim)),
                       state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx and ctx.packing, backend=cfg.backend)
+                      packing=ctx and ctx.packing, backend=cfg.backend,
+                      neutral={1: 0.0, 3: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)

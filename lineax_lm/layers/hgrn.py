@@ -61,5 +61,5 @@ class HGRN(LinearMixer):
     i = (jax.nn.silu(i.astype(F32)) * -jnp.expm1(f)).astype(x.dtype)
     o, state = run_op(chunk_hgrn, fused_recurrent_hgrn, (i, f), state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing,
-                      backend=self.cfg.backend)
+                      backend=self.cfg.backend, neutral={0: 0.0, 1: 0.0})
     return self.output(o[:, :, None, :], x), self.new_cache(cache, state, conv)

@@ -56,5 +56,6 @@ class HGRN2(LinearMixer):
     q, k, g = (split_heads(t, self.head_f_dim) for t in (jax.nn.silu(q), k, g))
     o, state = run_op(chunk_gla, fused_recurrent_gla, (q, k, split_heads(i, self.head_i_dim), g),
                       state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx and ctx.packing, backend=self.cfg.backend)
+                      packing=ctx and ctx.packing, backend=self.cfg.backend,
+                      neutral={1: 0.0, 3: 0.0})
     return self.output(merge_heads(o)[:, :, None, :], x), self.new_cache(cache, state, conv)

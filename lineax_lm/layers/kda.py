@@ -56,5 +56,6 @@ class KDA(LinearMixer):
     beta = jax.nn.sigmoid(self.b_proj(x).astype(F32)) * (2.0 if cfg.allow_neg_eigval else 1.0)
     o, state = run_op(chunk_kda, fused_recurrent_kda, (q, k, v, g, beta.astype(q.dtype)),
                       state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx and ctx.packing, backend=cfg.backend)
+                      packing=ctx and ctx.packing, backend=cfg.backend,
+                      neutral={3: 0.0, 4: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)

@@ -82,5 +82,5 @@ class LinearAttention(LinearMixer):
     o, state = run_op(_matrix_state(chunk_linear_attn), _matrix_state(fused_recurrent_linear_attn),
                       (q, k, v), state=self.state_of(cache), decode=self.decoding(x, cache),
                       packing=ctx and ctx.packing, normalize=self.cfg.normalize,
-                      backend=self.cfg.backend)
+                      backend=self.cfg.backend, neutral={1: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)

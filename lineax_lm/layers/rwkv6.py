@@ -97,6 +97,6 @@ class RWKV6(LinearMixer):
     o, state = run_op(chunk_rwkv6, fused_recurrent_rwkv6, (r, k, split_heads(v, self.head_v_dim), w),
                       u=self.bonus[...].astype(x.dtype), scale=1.0, state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing,
-                      backend=self.cfg.backend)
+                      backend=self.cfg.backend, neutral={1: 0.0, 3: 0.0})
     o = self.g_norm(o.reshape(B, L, -1)) * jax.nn.silu(g)
     return self.o_proj(o), self.new_cache(cache, state, {"shift": shift})

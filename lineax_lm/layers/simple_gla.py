@@ -57,5 +57,6 @@ class SimpleGLA(LinearMixer):
       g = jax.nn.log_sigmoid(a) / cfg.gate_logit_normalizer
     o, state = run_op(chunk_simple_gla, fused_recurrent_simple_gla, (q, k, v, g),
                       state=self.state_of(cache), decode=self.decoding(x, cache),
-                      packing=ctx and ctx.packing, backend=cfg.backend)
+                      packing=ctx and ctx.packing, backend=cfg.backend,
+                      neutral={1: 0.0, 3: 0.0})
     return self.output(o, x), self.new_cache(cache, state, conv)

@@ -66,10 +66,10 @@ def test_the_prefill_profile_is_written(generation, tmp_path):
   generation.profile_prefill(model, ids, 1, str(path))
   text = path.read_text()
   assert text.startswith("# prefill of 2 x 16 tokens, 1 calls a form\n")
-  for form in ("generate(max_new_tokens=1)", "prefill step, prompt length traced (packed)",
+  for form in ("generate(max_new_tokens=1)", "prefill step, prompt length traced",
                "prefill step, whole width"):
     assert f"## {form}: " in text
-  packed, whole = (generation._prefill_step(model, ids, n) for n in (np.int32(16), None))
-  np.testing.assert_allclose(packed[0], whole[0], rtol=1e-5, atol=1e-5)
-  for a, b in zip(jax.tree.leaves(packed[1]), jax.tree.leaves(whole[1])):
+  traced, whole = (generation._prefill_step(model, ids, n) for n in (np.int32(16), None))
+  np.testing.assert_allclose(traced[0], whole[0], rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree.leaves(traced[1]), jax.tree.leaves(whole[1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from lineax_lm.layers import MIXERS, LayerSpec, build_mixer, mixer_config
-from lineax_lm.layers.common import ShortConv, causal_taps, rope
+from lineax_lm.layers.common import ShortConv, causal_taps, prompt_packing, rope, run_op
 from tests.lineax_lm.tiny import HIDDEN, INIT_STD, TINY_MIXER
 
 B, L = 2, 19
@@ -147,6 +147,30 @@ def test_short_conv_is_causal_depthwise_conv_and_respects_resets():
   np.testing.assert_allclose(np.asarray(y2[:, 5:]), np.asarray(y_b), atol=1e-6)
   taps, _ = causal_taps(x, 2, state=x[:, :1] * 0 + 7.0)
   np.testing.assert_array_equal(np.asarray(taps[1][:, 0]), 7.0)
+
+
+def test_a_padded_prompt_runs_one_call_with_its_padding_neutral():
+  """With `neutral`, a prompt padded to a compiled width (prompt_packing) is one plain op call over
+  the batch: the neutral inputs take their value from the prompt's end on, the others are as given;
+  without it, each row is a packed call of two sequences."""
+  calls = []
+
+  def op(q, k, g, *, initial_state=None, output_final_state=False, cu_seqlens=None):
+    calls.append(dict(shape=q.shape, k=k, g=g, cu_seqlens=cu_seqlens))
+    return q, initial_state
+
+  q, k, g = inputs((B, 8, 4)), inputs((B, 8, 4), seed=1), inputs((B, 8, 4), seed=2)
+  state = jnp.zeros((B, 4))
+  packing = prompt_packing(jnp.int32(3), B, 8)
+  run_op(op, None, (q, k, g), state=state, packing=packing, neutral={1: 0.0, 2: 0.0})
+  (call,) = calls
+  assert call["shape"] == (B, 8, 4) and call["cu_seqlens"] is None
+  np.testing.assert_array_equal(call["k"][:, :3], k[:, :3])
+  np.testing.assert_array_equal(call["g"][:, :3], g[:, :3])
+  assert not np.any(call["k"][:, 3:]) and not np.any(call["g"][:, 3:])
+  calls.clear()
+  run_op(op, None, (q, k, g), state=state, packing=packing)
+  assert calls[0]["shape"] == (1, 8, 4) and calls[0]["cu_seqlens"] is not None  # under the vmap
 
 
 def test_rope_preserves_norm_and_relative_positions():
