@@ -95,6 +95,9 @@ class MLSTM(LinearMixer):
     q, k, v = (split_heads(t, self.head_dim) for t in (q, k, v))
     h, state = run_op(chunk_mlstm, fused_recurrent_mlstm, (q, k, v, i, f), state=self.state_of(cache),
                       decode=self.decoding(x, cache), packing=ctx and ctx.packing,
-                      backend=self.cfg.backend)
+                      backend=self.cfg.backend,
+                      # a padding token: input gate exp(-1e30) = 0, forget gate sigmoid(1e30) = 1
+                      # (finite: the stabiliser's max never subtracts inf from inf)
+                      neutral={3: -1e30, 4: 1e30})
     h = self.o_norm(h.reshape(x_c.shape)) + self.learnable_skip[...].astype(x.dtype) * x_c
     return self.proj_down(h * jax.nn.silu(z)), self.new_cache(cache, state, conv)

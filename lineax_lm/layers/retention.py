@@ -1,14 +1,15 @@
 """Multi-scale retention (RetNet, Sun et al. 2023) as fla's `MultiScaleRetention` layer.
 
 q/k/v projections (key dim D, value dim 2D), RoPE on q and k, fixed per-head decays
-gamma_h = 1 - 2^(-5-h) (passed to simple GLA as g_gamma, so head-sharded calls keep each
-head's own decay), S = gamma S + k v^T, per-head RMSNorm with a swish output
+gamma_h = 1 - 2^(-5-h) (passed to simple GLA as g_gamma in training, so head-sharded calls keep
+each head's own decay; as a decay per token with a cache), S = gamma S + k v^T, per-head RMSNorm with a swish output
 gate, output projection.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels.retention import retention_log_decay
@@ -42,7 +43,12 @@ class MultiScaleRetention(LinearMixer):
     ctx = ctx_or_default(x, ctx)
     q, k, v, conv = self.qkv(x, cache, ctx)
     q, k = rope(q, ctx.positions, cfg.rope_theta), rope(k, ctx.positions, cfg.rope_theta)
-    o, state = run_op(chunk_simple_gla, fused_recurrent_simple_gla, (q, k, v),
-                      g_gamma=retention_log_decay(cfg.num_heads), state=self.state_of(cache),
-                      decode=self.decoding(x, cache), packing=ctx.packing, backend=cfg.backend)
+    gamma = retention_log_decay(cfg.num_heads)
+    if cache is None:  # training: the decays as constants
+      args, decay, neutral = (q, k, v), {"g_gamma": gamma}, None
+    else:  # with a cache, a decay per token, which a prompt's padding sets to 0 (run_op's neutral)
+      args, decay, neutral = (q, k, v, jnp.broadcast_to(gamma, q.shape[:3])), {}, {1: 0.0, 3: 0.0}
+    o, state = run_op(chunk_simple_gla, fused_recurrent_simple_gla, args, **decay,
+                      state=self.state_of(cache), decode=self.decoding(x, cache),
+                      packing=ctx.packing, backend=cfg.backend, neutral=neutral)
     return self.output(o, x), self.new_cache(cache, state, conv)
