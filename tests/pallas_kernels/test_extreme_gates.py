@@ -8,6 +8,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
+from pallas_kernels import chunk_mlstm
 from tests.pallas_kernels import cases, harness
 from tests.pallas_kernels.test_float64 import mlstm64
 
@@ -82,3 +83,21 @@ def test_zero_decays_bf16_varlen(case, gates):
 def test_large_decays_keep_float32_precision(case, gates):
   large = with_gates(case, gates, large_decays, "1e4")
   harness.check_op(large, T=130, H=2, K=16, V=16, dtype="float32")
+
+
+@pytest.mark.parametrize("backend,kw", [("xla", {}), ("gpu", {"interpret": True})], ids=["xla", "pallas_gpu_interpret"])
+def test_mlstm_padding_gates_leave_the_state(backend, kw):
+  """Tokens with input gate -1e30 and forget gate 1e30 (how lineax_lm pads a prompt to a compiled
+  width, `layers.common.run_op`'s neutral) leave all three of mLSTM's states exactly as the prompt
+  alone leaves them, from a prompt that ends inside a chunk."""
+  rng = np.random.default_rng(0)
+  B, T, H, K, n = 1, 128, 2, 16, 70
+  q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, K)), jnp.float32) for _ in range(3))
+  i, f = (jnp.asarray(rng.normal(size=(B, T, H)) + shift, jnp.float32) for shift in (0.0, 3.0))
+  pad = (jnp.arange(T) >= n)[None, :, None]
+  _, alone = chunk_mlstm(q[:, :n], k[:, :n], v[:, :n], i[:, :n], f[:, :n], output_final_state=True,
+                         backend=backend, **kw)
+  _, padded = chunk_mlstm(q, k, v, jnp.where(pad, -1e30, i), jnp.where(pad, 1e30, f),
+                          output_final_state=True, backend=backend, **kw)
+  for a, b in zip(alone, padded):
+    np.testing.assert_array_equal(a, b)
