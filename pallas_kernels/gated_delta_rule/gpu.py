@@ -57,7 +57,7 @@ from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, decay, dot,
                                                    dot_nt, dot_tn, key_blocks, lower_mask,
-                                                   over_value_tiles, precision, scale_rows)
+                                                   over_value_tiles, precision, scale_rows, total)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
 from pallas_kernels.gated_delta_rule import reference
 
@@ -67,23 +67,20 @@ unsupported = layout.unsupported  # the dispatch `supports` hook: reason or None
 # --- 1. WY/UT transform ---------------------------------------------------------------------------
 
 def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, bk, unrolled):
-  """Everything in 16-row blocks: A's blocks (their k k^T summed over key tiles of bk), their
-  inverse (T, stored for the backward), w and u."""
+  """A = strict-lower(beta k k^T exp(G_i - G_j)) formed whole ([C, C]: one product per key tile of
+  bk), then in 16-row blocks: its inverse (T, stored for the backward), w and u. Compiled for
+  sm_90a (`gpu_aot`), A formed whole against its ten 16 x 16 blocks a key tile: at K = 256,
+  V = 512 7.2 against 10.7 s, 255 registers and 60 bytes of spills a thread either way; at K = V
+  = 128 5.0 against 6.4 s, 194 registers and no spills against 255 and 4 bytes."""
   n = CHUNK // SUB
   rows = [pl.ds(p * SUB, SUB) for p in range(n)]
   dt = k_ref.dtype
   prec = precision(dt)
   Gs = [g_ref[r] for r in rows]
   bs = [b_ref[r] for r in rows]
-  KK = [[jnp.zeros((SUB, SUB), F32)] * (p + 1) for p in range(n)]
-  for kt in key_blocks(k_ref.shape[1], bk):
-    ks = [k_ref[r, kt] for r in rows]
-    KK = [[KK[p][q] + dot_nt(ks[p], ks[q], prec) for q in range(p + 1)] for p in range(n)]
-  A = [[None] * n for _ in range(n)]
-  for p in range(n):
-    for q in range(p + 1):
-      L = decay(Gs[p], strict=True) if p == q else jnp.exp(Gs[p][:, None] - Gs[q][None, :])
-      A[p][q] = KK[p][q] * L * bs[p][:, None]
+  KK = total([dot_nt(k_ref[:, kt], k_ref[:, kt], prec) for kt in key_blocks(k_ref.shape[1], bk)])
+  A_full = KK * decay(g_ref[...], strict=True) * b_ref[...][:, None]
+  A = [jnp.split(a, n, axis=1) for a in jnp.split(A_full, n, axis=0)]
   T = block_unit_lower_inverse(A, prec)
   Ts = [[T[p][q].astype(dt) for q in range(p + 1)] for p in range(n)]
   for p in range(n):
@@ -92,30 +89,32 @@ def _wy_fwd_kernel(k_ref, v_ref, g_ref, b_ref, w_ref, u_ref, t_ref, *, bk, unrol
   _write_w_u(Ts, Gs, bs, k_ref, v_ref, w_ref, u_ref, unrolled)
 
 
-def _write_w_u(Ts, Gs, bs, k_ref, v_ref, w_ref, u_ref, unrolled):
-  """w = T (beta exp(G) k) and u = T (beta v) from the inverse's 16-row blocks Ts."""
-  write_inverse_product(Ts, [b * jnp.exp(G) for b, G in zip(bs, Gs)], k_ref, w_ref, unrolled)
-  write_inverse_product(Ts, bs, v_ref, u_ref, unrolled)
+def _write_w_u(Ts, Gs, bs, k_ref, v_ref, w_ref, u_ref, unrolled, bv=128):
+  """w = T (beta exp(G) k) and u = T (beta v) from the inverse's blocks Ts."""
+  write_inverse_product(Ts, [b * jnp.exp(G) for b, G in zip(bs, Gs)], k_ref, w_ref, unrolled, bv)
+  write_inverse_product(Ts, bs, v_ref, u_ref, unrolled, bv)
 
 
 def _wy_apply_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, unrolled):
-  """w and u again from the forward's inverse T (input dtype, as the forward formed them from)."""
-  rows = [pl.ds(p * SUB, SUB) for p in range(CHUNK // SUB)]
-  Ts = [[t_ref[rp, rq] for rq in rows[:p + 1]] for p, rp in enumerate(rows)]
-  _write_w_u(Ts, [g_ref[r] for r in rows], [b_ref[r] for r in rows], k_ref, v_ref, w_ref, u_ref,
-             unrolled)
+  """w and u again from the forward's inverse T (input dtype, as the forward formed them from), as
+  one [C, C] block: one product per column tile of 64 where 16-row blocks take ten. Compiled for
+  sm_90a at K = 256, V = 512 (`gpu_aot`): 188 registers, no spills, 1.9 s, against 255, 60 bytes
+  a thread and 2.4 s in 16-row blocks (84 bytes at column tiles of 128)."""
+  _write_w_u([[t_ref[...]]], [g_ref[...]], [b_ref[...]], k_ref, v_ref, w_ref, u_ref, unrolled,
+             bv=64)
 
 
 def write_inverse_product(Ts, scales, x_ref, out_ref, unrolled: int, bv: int = 128):
-  """out = T diag(scales) x in 16-row blocks (Ts[p][q] the inverse's blocks, input dtype; scales
-  the rows' [16] factors) and column tiles of at most bv (their loop unrolled up to `unrolled`
+  """out = T diag(scales) x in row blocks (Ts[p][q] the inverse's blocks of C / len(Ts) rows,
+  input dtype; scales the rows' factors, a [C / len(Ts)] vector a block) and column tiles of at most bv (their loop unrolled up to `unrolled`
   columns): u = T (beta v) and w = T (beta exp(G) k). At V = 256 (the context-parallel call
   carries the K x K transition as K extra value columns) one tile spilled 861 KiB a thread at the
   forward WY kernel's 2 warps and took ptxas 39 s; w formed whole at K = 256 spilled 680 bytes.
   KDA's forward WY kernel shares it."""
   dt = Ts[0][0].dtype
   prec = precision(dt)
-  rows = [pl.ds(p * SUB, SUB) for p in range(len(Ts))]
+  size = x_ref.shape[0] // len(Ts)
+  rows = [pl.ds(p * size, size) for p in range(len(Ts))]
   D = x_ref.shape[1]
 
   def tile(cols, carry):
@@ -132,8 +131,8 @@ def _wy_fwd(k, v, G, beta, st: Static):
   B, T, H, K = k.shape
   V = v.shape[-1]
   sp = Specs(H, CHUNK, T)
-  # k k^T in key tiles of 64: at K = 256 whole [16, K] blocks spilled (gpu_aot: 164 bytes a thread
-  # at tiles of 128, 60 at 64)
+  # k k^T over key tiles of 64 (gpu_aot at K = 256: 68 bytes of spills a thread at tiles of 128,
+  # 60 at 64, 56 at 32 in 9.0 s of compile against 7.2)
   kern = functools.partial(_wy_fwd_kernel, bk=min(K, 64), unrolled=st.cfg.unrolled_value_columns)
   return launch(kern, (sp.NT, B * H),
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
