@@ -168,6 +168,12 @@ def test_state_value_block(config, B, H, K, V, per_channel, is_varlen, bv):
   assert state_value_block(config, B, H, K, V, per_channel, is_varlen) == bv
 
 
+def test_the_dh_pass_takes_its_own_value_tile():
+  config = Config(bv_state=64, bv_dh=32)
+  assert [state_value_block(config, 8, 4, 256, 512, False, False, dh=dh) for dh in (False, True)] == [64, 32]
+  assert state_value_block(Config(bv_state=64), 8, 4, 256, 512, False, False, dh=True) == 64
+
+
 def test_state_value_block_counts_the_segments():
   """On 4 segments (a vmap axis) B=1 H=4 V=512 launches 256 programs at 32 columns: no halving."""
   from pallas_kernels.common import segments

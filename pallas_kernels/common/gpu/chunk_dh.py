@@ -141,7 +141,7 @@ def dh_pass(q, k, w, do, G, dht, starts, ends, st: Static, scores=None):
   dvl = None
   if split_dv_local(st.cfg, K):
     dvl, scores = dv_local_pass(q, k, G, do, st, scores), None
-  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel, st.is_varlen))
+  BV = value_tile(V, state_value_block(st.cfg, B, H, K, V, per_channel, st.is_varlen, dh=True))
   sp = Specs(H, CHUNK, T)
   h0_spec = sp.seq_h0(K, BV, N if st.is_varlen else None)
   flags = (starts, ends) if st.is_varlen else (None, None)

@@ -15,6 +15,7 @@ class Config(NamedTuple):
   `Config`, holding this one as `shared`."""
   bv_state: int | None = None  # value tile of the state passes (forward and reverse); None:
                           # state_value_block's choice
+  bv_dh: int | None = None  # the dh pass's value tile where it differs from bv_state's
   bk_state: int | None = None  # the state passes hold their state as blocks of this many key rows
                           # and split each product over K alike; None: state_key_block's default
   warps_state: int = 4
@@ -67,7 +68,7 @@ def state_key_block(cfg: Config, K: int, per_channel: bool) -> int:
 
 
 def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: bool,
-                      is_varlen: bool) -> int:
+                      is_varlen: bool, dh: bool = False) -> int:
   """Value columns per program of the state and dh passes, whose grid is (V / BV, B x H): 32, or
   16 for scalar gates above K = 128 when 32 would launch fewer programs than the GPU has SMs (each
   program walks every chunk in turn, so an idle SM is never made up). At the 475M GDN's head dims
@@ -75,7 +76,11 @@ def state_value_block(cfg: Config, B: int, H: int, K: int, V: int, per_channel: 
   at 16 against 2.20 / 8.85 at 32; at B=8 T=4096 (512 programs at 32) 16 was 36% slower on the
   H200. The programs count the segments (`common.segments`, a vmap axis whose size this call
   sees). Packed sequences (varlen) keep 32: lineax_lm runs each packed row as a B=1 call under a
-  vmap of rows this call cannot count. `cfg.bv_state` overrides."""
+  vmap of rows this call cannot count. `cfg.bv_state` overrides, for the dh pass (`dh`)
+  `cfg.bv_dh` first: the forward alone ran faster at 64 (fwd 1.36 against 1.60 ms at B=8 T=4,096
+  H=4 K=256 V=512 on an H100, every pass at 64: fwd+bwd slower)."""
+  if dh and cfg.bv_dh is not None:
+    return cfg.bv_dh
   if cfg.bv_state is not None:
     return cfg.bv_state
   if (K > 128 and not per_channel and not is_varlen
