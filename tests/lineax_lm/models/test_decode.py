@@ -112,6 +112,15 @@ def test_a_padded_prompt_prefills_as_the_prompt_alone(mixer):
   padded_prefill_matches(tiny_config(mixer, attn_ratio="1:1", attn_short_conv=True))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mixer", LINEAR_MIXERS)
+def test_a_padded_prompt_prefills_as_the_prompt_alone_with_the_gpu_kernels(mixer):
+  """The padding's neutral inputs (`layers.common.run_op`) through the Pallas GPU kernels; the
+  model's float32 GEMMs in IEEE float32, as on the CPU, so that the tolerance is the CPU's."""
+  with jax.default_matmul_precision("float32"):
+    padded_prefill_matches(tiny_config(mixer, attn_ratio="1:1", attn_short_conv=True, backend="gpu"))
+
+
 def test_a_padded_prompt_prefills_as_the_prompt_alone_rwkv6_blocks():
   """fla's RWKV-6 blocks: the token shifts of the time and the channel mixing."""
   padded_prefill_matches(tiny_config("rwkv6", block="rwkv6", attn_ratio="1:1"))
