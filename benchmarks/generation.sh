@@ -5,18 +5,16 @@
 # $OUT/gen/generation.md (the table), generation.json, torch_generation.json and fla_autotune.tgz.
 #   bash benchmarks/generation.sh [generation.py flags...]   e.g. --batches 1,64 --presets ...
 # .whl/ (git-ignored) holds fla 0.6.0 and einops (`pip download --no-deps
-# flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.1`) and the wheels launch/h200_env.sh
+# flash-linear-attention==0.6.0 fla-core==0.6.0 einops`) and the wheels launch/h200_env.sh
 # installs where the host lacks a module. T_ALL bounds the whole run in seconds (default 570: a
 # device call has 600); generation.py's --torch_timeout and --preset_timeout bound its parts.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/gen"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-python3 -m pip install -q --no-index --no-deps --target /tmp/fla .whl/flash_linear_attention-0.6.0-*.whl \
-  .whl/fla_core-0.6.0-*.whl .whl/einops-0.8.1-*.whl > /dev/null 2>&1 \
-  || echo "fla install failed: the fla rows will say so"
-export PYTHONPATH=/tmp/fla${PYTHONPATH:+:$PYTHONPATH}
 source "$(dirname "$0")/../launch/h200_env.sh"
-install_missing_wheels || exit 2
+# fla 0.6.0 (its ops from the fla-core wheel, its models from flash-linear-attention) and einops
+# travel in .whl/ with the rest, whatever their versions there
+install_missing_wheels fla:fla_core fla.models:flash_linear_attention einops:einops || exit 2
 timeout -k 10 "${T_ALL:-570}" python3 benchmarks/generation.py --run_torch --out "$OUT/gen" "$@" \
   2>&1 | tee "$OUT/gen/generation.log" | grep -v "Warning\|warn(" | tail -n 40
 echo "generation.py rc=${PIPESTATUS[0]}"

@@ -5,10 +5,10 @@ continuation.
 
 On the GPU host (torch, triton and transformers are there; fla 0.6.0 and einops come as wheels in
 .whl/, git-ignored: `pip download --no-deps flash-linear-attention==0.6.0 fla-core==0.6.0
-einops==0.8.1`), one device call with carry [".whl"]:
+einops`), one device call with carry [".whl"]:
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/fla \\
-        .whl/flash_linear_attention-0.6.0-*.whl .whl/fla_core-0.6.0-*.whl .whl/einops-0.8.1-*.whl
+        .whl/flash_linear_attention-0.6.0-*.whl .whl/fla_core-0.6.0-*.whl .whl/einops-*.whl
     PYTHONPATH=/tmp/fla python3 benchmarks/make_fla_fixtures.py --out tests/lineax_lm/convert/fixtures
     cp -r tests/lineax_lm/convert/fixtures $OUT/fla_fixtures
     source launch/h200_env.sh && install_missing_wheels && JAX_PLATFORMS=cpu \\
