@@ -9,7 +9,7 @@
 #      takes its share of GPU memory, tests/conftest.py), every outcome in $OUT/tests.log as it comes
 #      T_TESTS, T_OPS, T_FLA: time limits in seconds (T_TESTS 500 by default: the lane alone is a
 #      device call; give the ops and fla a call of their own with TESTS=none).
-# Carry [".whl"]: fla needs the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0 in .whl/
+# Carry [".whl"]: fla needs the wheels flash-linear-attention==0.6.0, fla-core==0.6.0 and einops in .whl/
 # (git-ignored; `pip download --no-deps` them). fla autotunes every kernel on a fresh machine
 # (minutes per op family): the call starts from benchmarks/fla_autotune_h200.tgz, and Triton's
 # choices come back as $OUT/fla_autotune.tgz: copy that over the archive to keep them.
@@ -34,11 +34,11 @@ fi
 timeout "${T_OPS:-300}" python3 -m pallas_kernels.bench --out "$OUT" "$@" > "$OUT/ops.log" 2>&1 || echo "ops rc=$?"
 grep -v "^ *File\|^    \|^Traceback\|^---\|^For simplicity\|^|" "$OUT/ops.log" | grep -v "^$" | tail -n 6
 if [ -n "${FLA_OPS-gated_delta_rule}" ]; then
-  python3 -m pip install -q --no-deps --target /tmp/site .whl/flash_linear_attention-0.6.0-*.whl \
-    .whl/fla_core-0.6.0-*.whl >/dev/null 2>&1 || echo "fla install failed"
+  install_missing_wheels fla:fla_core fla.models:flash_linear_attention einops:einops \
+    || echo "fla install failed"
   export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
   tar xzf benchmarks/fla_autotune_h200.tgz -C "$TRITON_CACHE_DIR"
-  PYTHONPATH=/tmp/site timeout "${T_FLA:-300}" python3 benchmarks/fla_ops.py --out "$OUT" \
+  timeout "${T_FLA:-300}" python3 benchmarks/fla_ops.py --out "$OUT" \
     --ops "${FLA_OPS-gated_delta_rule}" --shapes "${FLA_SHAPES:-4x4096,8x8192}" > "$OUT/fla_ops.log" 2>&1 \
     || echo "fla_ops rc=$?"
   grep -i "error" "$OUT/fla_ops.log" | tail -n 3
