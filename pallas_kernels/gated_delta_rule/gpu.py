@@ -248,7 +248,9 @@ def _bwd_wy(k, v, G, beta, Tinv, dw, du, dk1, dG1, st: Static):
                 sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_tok(K), sp.chunk_gate()],
                [sp.chunk_tok(K), sp.chunk_tok(V), sp.chunk_gate(), sp.chunk_gate()],
                [sds(k.shape, k.dtype), sds(v.shape, v.dtype), sds(G.shape, F32), sds(G.shape, F32)],
-               st, st.cfg.warps_wy_bwd, st.cfg.stages_chunk)(k, v, G, beta, Tinv, dw, du, dk1, dG1)
+               st, st.cfg.warps_wy_bwd,
+               st.cfg.stages_chunk if st.cfg.stages_wy_bwd is None else st.cfg.stages_wy_bwd)(
+                   k, v, G, beta, Tinv, dw, du, dk1, dG1)
 
 
 # --- custom_vjp on padded, chunk-aligned inputs ---------------------------------------------------

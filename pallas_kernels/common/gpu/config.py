@@ -32,6 +32,9 @@ class Config(NamedTuple):
   bk_dqkw: int = 64       # key tile (grid axis) of the dq/dk/dw kernel
   warps_dqkw: int = 4
   warps_wy_bwd: int = 8
+  stages_wy_bwd: int | None = None  # the WY backward's stages where they differ from stages_chunk's
+                          # (compiled for sm_90a at K = 256: 196 bytes of spills a thread at one
+                          # stage, 36 at two)
   bk_wy_bwd: int | None = None  # keys per tile of the WY backward's loops over K; None:
                           # gated_delta_rule.gpu.wy_bwd_key_block's choice
   keep_wu: bool | None = None  # the forward keeps w and u for the backward (else the inverse T
