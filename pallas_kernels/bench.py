@@ -266,12 +266,11 @@ def print_baseline(res, base):
   print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in res["rows"]:
     b = base.get(_row_key(r), {})
+    row = f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} |"
     if "error" in r or "fwd_ms" not in b:
-      why = r.get("error") or b.get("error") or "no baseline row"
-      print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | {why[:80]} |")
+      print(f"{row} {(r.get('error') or b.get('error') or 'no baseline row')[:80]} |")
       continue
-    print(f"| {r['op']} | {r['shape']} | {r['backend']} | {r.get('segments', '1')} | "
-          f"{r['fwd_ms']:.3f} / {r['fwdbwd_ms']:.3f} | {b['fwd_ms']:.3f} / {b['fwdbwd_ms']:.3f} | "
+    print(f"{row} {r['fwd_ms']:.3f} / {r['fwdbwd_ms']:.3f} | {b['fwd_ms']:.3f} / {b['fwdbwd_ms']:.3f} | "
           f"{b['fwd_ms'] / r['fwd_ms']:.3f}x | {b['fwdbwd_ms'] / r['fwdbwd_ms']:.3f}x | "
           f"{r['peak_GiB']:.2f} | {b['peak_GiB']:.2f} | {r['compile_s']:.1f} | {b['compile_s']:.1f} |")
 

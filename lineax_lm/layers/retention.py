@@ -2,8 +2,8 @@
 
 q/k/v projections (key dim D, value dim 2D), RoPE on q and k, fixed per-head decays
 gamma_h = 1 - 2^(-5-h) (passed to simple GLA as g_gamma in training, so head-sharded calls keep
-each head's own decay; as a decay per token with a cache), S = gamma S + k v^T, per-head RMSNorm with a swish output
-gate, output projection.
+each head's own decay; as a decay per token with a cache), S = gamma S + k v^T, per-head RMSNorm
+with a swish output gate, output projection.
 """
 from __future__ import annotations
 

@@ -106,8 +106,8 @@ def _wy_apply_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, unrolle
 
 def write_inverse_product(Ts, scales, x_ref, out_ref, unrolled: int, bv: int = 128):
   """out = T diag(scales) x in row blocks (Ts[p][q] the inverse's blocks of C / len(Ts) rows,
-  input dtype; scales the rows' factors, a [C / len(Ts)] vector a block) and column tiles of at most bv (their loop unrolled up to `unrolled`
-  columns): u = T (beta v) and w = T (beta exp(G) k). At V = 256 (the context-parallel call
+  input dtype; scales the rows' factors, a [C / len(Ts)] vector a block) and column tiles of at
+  most bv (their loop unrolled up to `unrolled` columns): u = T (beta v) and w = T (beta exp(G) k). At V = 256 (the context-parallel call
   carries the K x K transition as K extra value columns) one tile spilled 861 KiB a thread at the
   forward WY kernel's 2 warps and took ptxas 39 s; w formed whole at K = 256 spilled 680 bytes.
   KDA's forward WY kernel shares it."""

@@ -85,7 +85,8 @@ def test_large_decays_keep_float32_precision(case, gates):
   harness.check_op(large, T=130, H=2, K=16, V=16, dtype="float32")
 
 
-@pytest.mark.parametrize("backend,kw", [("xla", {}), ("gpu", {"interpret": True})], ids=["xla", "pallas_gpu_interpret"])
+@pytest.mark.parametrize("backend,kw", [("xla", {}), ("gpu", {"interpret": True})],
+                         ids=["xla", "pallas_gpu_interpret"])
 def test_mlstm_padding_gates_leave_the_state(backend, kw):
   """Tokens with input gate -1e30 and forget gate 1e30 (how lineax_lm pads a prompt to a compiled
   width, `layers.common.run_op`'s neutral) leave all three of mLSTM's states exactly as the prompt
