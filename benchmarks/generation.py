@@ -17,7 +17,7 @@ benchmarks/make_fla_fixtures.py says, with the wheels launch/h200_env.sh install
 --run_torch runs benchmarks/torch_generation.py (HF's LlamaForCausalLM, fla's
 GatedDeltaNetForCausalLM and the same with attention at every 4th layer, HF `generate`, bf16) in a
 subprocess before JAX touches the GPU, over the fla autotune archive train_step.py uses
-(benchmarks/fla_autotune_h200.tgz; what the call tuned comes back as fla_autotune.tgz in --out),
+(benchmarks/fla_autotune.tgz; what the call tuned comes back as fla_autotune.tgz in --out),
 and prints its rows beside ours. --config.model.num_layers, .hidden and .vocab_size pass on to it
 as --layers, --hidden and --vocab.
 

@@ -11,7 +11,7 @@
 #      device call; give the ops and fla a call of their own with TESTS=none).
 # Carry [".whl"]: fla needs the wheels flash-linear-attention==0.6.0, fla-core==0.6.0 and einops in .whl/
 # (git-ignored; `pip download --no-deps` them). fla autotunes every kernel on a fresh machine
-# (minutes per op family): the call starts from benchmarks/fla_autotune_h200.tgz, and Triton's
+# (minutes per op family): the call starts from benchmarks/fla_autotune.tgz, and Triton's
 # choices come back as $OUT/fla_autotune.tgz: copy that over the archive to keep them.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -37,7 +37,7 @@ if [ -n "${FLA_OPS-gated_delta_rule}" ]; then
   install_missing_wheels fla:fla_core fla.models:flash_linear_attention einops:einops \
     || echo "fla install failed"
   export TRITON_CACHE_DIR=/tmp/triton_cache; mkdir -p "$TRITON_CACHE_DIR"
-  tar xzf benchmarks/fla_autotune_h200.tgz -C "$TRITON_CACHE_DIR"
+  tar xzf benchmarks/fla_autotune.tgz -C "$TRITON_CACHE_DIR"
   timeout "${T_FLA:-300}" python3 benchmarks/fla_ops.py --out "$OUT" \
     --ops "${FLA_OPS-gated_delta_rule}" --shapes "${FLA_SHAPES:-4x4096,8x8192}" > "$OUT/fla_ops.log" 2>&1 \
     || echo "fla_ops rc=$?"

@@ -14,10 +14,10 @@ GatedDeltaNetForCausalLM, at the same batch and length) in a subprocess before J
 so the two frameworks never hold device memory at once, and prints its rows beside ours with our
 tokens/s as ratios of theirs. fla autotunes its Triton kernels on a fresh machine (more than ten
 minutes for this model): the subprocess starts from Triton's autotune results in
-benchmarks/fla_autotune_h200.tgz (H200, Triton 3.6, fla 0.6.0; unpacked into TRITON_CACHE_DIR, a
-fresh folder when unset) and writes what it holds afterwards to fla_autotune.tgz beside --json:
-copy that over the shipped archive to keep what a call tuned. --torch_timeout bounds the
-subprocess (a stopped fla keeps Llama's row).
+benchmarks/fla_autotune.tgz (tuned on the H200 and the H100, Triton 3.6, fla 0.6.0; unpacked into
+TRITON_CACHE_DIR, a fresh folder when unset) and writes what it holds afterwards to
+fla_autotune.tgz beside --json: copy that over the shipped archive to keep what a call tuned.
+--torch_timeout bounds the subprocess (a stopped fla keeps Llama's row).
 
 Runs lineax_lm.train.trainer.Trainer's jitted step (AdamW, clipping, bf16 activations with float32
 master weights) on random tokens, to set beside fla's GatedDeltaNetForCausalLM timed the same way
@@ -182,7 +182,7 @@ def torch_rows(path: str, batch: int, seq: int) -> list:
   return rows
 
 
-FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_autotune_h200.tgz")
+FLA_AUTOTUNE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_autotune.tgz")
 
 
 def run_torch(batch: int, seq: int, steps: int, out: str, timeout: float, profile: int = 0,
