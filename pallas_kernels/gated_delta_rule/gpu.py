@@ -16,8 +16,8 @@ forward
                                 with P = lower(scale q k^T exp(G_i - G_j)). Above K = 128
                                 (`config.split_output`) the pass writes h, v' and the final state
                                 instead and `chunk_o.output_pass` (grid (V/BV, NT, B*H)) forms o.
-backward (residuals: the inputs, T and, up to K = 128, w and u (`keeps_w_u`); states are
-recomputed, never stored by the forward)
+backward (residuals: the inputs, T and, up to K = 128, w and u (`keeps_w_u`); the states are
+formed again in the backward unless `Config.keep_states` keeps the forward's h and v')
   3. `_wy_apply`                above K = 128: w and u again from T (grid (NT, B*H)); then
      `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.
@@ -264,19 +264,20 @@ def _chunk_gdn(st: Static, q, k, v, g, beta, h0, starts, ends):
 def _chunk_gdn_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
   w, u, Tinv = _wy_fwd(k, v, G, beta, st)
-  o, ht, _ = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True)
+  o, ht, kept = chunk_state.state_pass(q, k, w, u, G, h0, starts, ends, st, want_o=True,
+                                       keep_h=st.cfg.keep_states)
   if not keeps_w_u(st.cfg, k.shape[-1]):
     w = u = None
-  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, starts, ends)
+  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, kept, starts, ends)
 
 
 def _chunk_gdn_bwd(st, res, cts):
-  q, k, v, G, beta, h0, w, u, Tinv, starts, ends = res
+  q, k, v, G, beta, h0, w, u, Tinv, kept, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
   if w is None:
     w, u = _wy_apply(k, v, G, beta, Tinv, st)
-  h, vn = chunk_state.state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
+  h, vn = kept or chunk_state.state_pass(None, k, w, u, G, h0, starts, ends, st, want_o=False)
   dh, dvn, dh0 = chunk_dh.dh_pass(q, k, w, do, G, dht.astype(F32), starts, ends, st)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)
   dk, dv, dbeta, dG = _bwd_wy(k, v, G, beta, Tinv, dw, dvn, dk, dG, st)

@@ -232,9 +232,9 @@ def _forward(st: Static, q, k, v, g, u, h0, starts, ends, *, want_h):
   """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
   G = _gate_cumsum(g, st)
   A, qd, kd = _intra(q, k, G, g, u, st)
-  o, ht, h = chunk_state.state_pass(qd, kd, None, v, G, h0, starts, ends, st, want_o=True,
-                                    scores=A, keep_h=want_h)
-  return o, ht, (G, A, qd, kd, h)
+  o, ht, kept = chunk_state.state_pass(qd, kd, None, v, G, h0, starts, ends, st, want_o=True,
+                                       scores=A, keep_h=want_h)
+  return o, ht, (G, A, qd, kd, kept[0] if want_h else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -293,15 +293,16 @@ def _chunk_kda_fwd(st, q, k, v, g, beta, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK, axis=1)
   A, P, qg, kg = _scores_fwd(q, k, G, beta, st)
   w, u, Tinv = _wy_fwd(k, v, G, beta, A, st)
-  o, ht, _ = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True, scores=P)
-  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends)
+  o, ht, kept = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True,
+                                       scores=P, keep_h=st.cfg.keep_states)
+  return (o, ht), (q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, kept, starts, ends)
 
 
 def _chunk_kda_bwd(st, res, cts):
-  q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, starts, ends = res
+  q, k, v, G, beta, h0, w, u, Tinv, P, qg, kg, kept, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  h, vn = chunk_state.state_pass(None, kg, w, u, G, h0, starts, ends, st, want_o=False)
+  h, vn = kept or chunk_state.state_pass(None, kg, w, u, G, h0, starts, ends, st, want_o=False)
   dh, dvn, dh0 = chunk_dh.dh_pass(qg, kg, w, do, G, dht.astype(F32), starts, ends, st, scores=P)
   dq, dk, dG, dw = chunk_dqk.dqk_pass(q, k, G, h, dh, do, vn, dvn, st, want_dw=True)
   dv, dbeta, dk, dG, dA, dP = _bwd_wy(k, v, G, beta, Tinv, do, vn, dw, dvn, dk, dG, st)

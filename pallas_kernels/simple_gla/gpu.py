@@ -32,15 +32,16 @@ def _chunk_simple_gla(st: Static, q, k, v, g, h0, starts, ends):
 
 def _chunk_simple_gla_fwd(st, q, k, v, g, h0, starts, ends):
   G = chunk_cumsum(g, CHUNK)
-  o, ht, _ = chunk_state.state_pass(q, k, None, v, G, h0, starts, ends, st, want_o=True)
-  return (o, ht), (q, k, v, G, h0, starts, ends)
+  o, ht, kept = chunk_state.state_pass(q, k, None, v, G, h0, starts, ends, st, want_o=True,
+                                       keep_h=st.cfg.keep_states)
+  return (o, ht), (q, k, v, G, h0, kept, starts, ends)
 
 
 def _chunk_simple_gla_bwd(st, res, cts):
-  q, k, v, G, h0, starts, ends = res
+  q, k, v, G, h0, kept, starts, ends = res
   do, dht = cts
   do = do.astype(q.dtype)
-  h, _ = chunk_state.state_pass(None, k, None, v, G, h0, starts, ends, st, want_o=False)
+  h, _ = kept or chunk_state.state_pass(None, k, None, v, G, h0, starts, ends, st, want_o=False)
   dh, dv, dh0 = chunk_dh.dh_pass(q, k, None, do, G, dht.astype(F32), starts, ends, st)
   dq, dk, dG, _ = chunk_dqk.dqk_pass(q, k, G, h, dh, do, v, dv, st, want_dw=False)
   dg = chunk_cumsum(dG, CHUNK, reverse=True)

@@ -54,6 +54,14 @@ def test_state_in_key_blocks_interpret(monkeypatch):
                    varlen=True)
 
 
+def test_the_forward_keeps_the_states_interpret(monkeypatch):
+  """The forward's chunk-start states and v' kept for the backward (Config.keep_states)."""
+  monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config",
+                      kda_gpu.Config(shared=Config(keep_states=True)))
+  harness.check_op(STEEP, T=100, H=2, K=32, V=32, dtype="float32", backend="gpu", interpret=True,
+                   varlen=True)
+
+
 def test_fused_recurrent_interpret():
   harness.check_op(STEEP, kind="fused_recurrent", T=37, H=2, K=100, V=24, dtype="float32",
                    backend="gpu", interpret=True, varlen=True)

@@ -133,6 +133,38 @@ def test_state_in_key_blocks_interpret(monkeypatch, case, fn, T, K, dtype, varle
   harness.check_op(case, T=T, H=2, K=K, V=32, dtype=dtype, backend="gpu", interpret=True, varlen=varlen)
 
 
+# (case, the op's gpu function, split_output, varlen): the chunk-start states (and the delta rule's
+# v') kept by the forward for the backward (Config.keep_states) instead of formed again there, from
+# the state pass that forms o (fused) and from the one before chunk_o (split).
+KEEP_STATES_CASES = [
+    (GDN, gdn_gpu.chunk_gated_delta_rule, False, True),
+    (GDN, gdn_gpu.chunk_gated_delta_rule, True, False),
+    (SGLA, simple_gla_gpu.chunk_simple_gla, True, True),
+]
+
+
+@pytest.mark.parametrize("case,fn,split,varlen", KEEP_STATES_CASES, ids=lambda x: getattr(x, "name", None))
+def test_the_forward_keeps_the_states_interpret(monkeypatch, case, fn, split, varlen):
+  monkeypatch.setitem(fn.__kwdefaults__, "config", Config(keep_states=True, split_output=split))
+  harness.check_op(case, T=100, H=2, K=32, V=32, dtype="float32", backend="gpu", interpret=True,
+                   varlen=varlen)
+
+
+def test_kept_states_spare_the_backward_a_state_pass():
+  B, T, H, K, V = 1, 128, 2, 32, 32
+  q, k, g, beta = (jnp.ones((B, T, H, K)), jnp.ones((B, T, H, K)), -jnp.ones((B, T, H)),
+                   jnp.ones((B, T, H)) / 2)
+  v, h0 = jnp.ones((B, T, H, V)), jnp.zeros((B, H, K, V))
+
+  def kernels(config):
+    loss = lambda *a: jnp.sum(gdn_gpu.chunk_gated_delta_rule(
+        *a, scale=0.5, initial_state=h0, interpret=True, config=config)[0])
+    return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, g, beta)).count("pallas_call")
+
+  for split in (False, True):
+    assert kernels(Config(keep_states=True, split_output=split)) == kernels(Config(split_output=split)) - 1
+
+
 # (config, K, per_channel) -> stages of the state passes and of the dh pass: above K = 128 two
 # stages only where the state is held in blocks of at most 128 key rows, the dh pass as the state
 # passes unless `stages_dh` says otherwise.

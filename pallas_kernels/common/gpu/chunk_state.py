@@ -16,8 +16,9 @@ scale exp(G) q and exp(G_C - G) k (the family's chunk-parallel kernel forms all 
 serial chunk loop does no exps but the [K] row exp(G_C). Each gate kind has its step functions
 (`_scalar_output` / `_per_channel_output`, `_scalar_update` / `_per_channel_update`).
 With `want_o` the pass writes o and the final state (the forward), and with `keep_h` also the
-chunk-start states h (GLA keeps them for its backward); without `want_o` it writes h and, for the
-delta rule, v' (the backward recomputes them instead of the forward storing them).
+chunk-start states h and, for the delta rule, v' (what the backward reads: GLA keeps h always, the
+other families with `Config.keep_states`); without `want_o` it writes h and v' (the backward forms
+them again instead of the forward storing them).
 """
 from __future__ import annotations
 
@@ -120,28 +121,29 @@ def state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, scores
   token t's scale q_t k_j^T exp(G_t - G_j) over its chunk, zero for j > t, all in the input
   dtype), h0 [N, H, K, V] float32, starts/ends the varlen flags per chunk.
 
-  want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32, h [B, NT, H, K, V] with
-  keep_h, else None); else (h, v' [B, T, H, V] or None without delta), in the input dtype. With
-  want_o and `split_output` (above K = 128 by default) the loop writes h, v' and the final state
-  and chunk_o.output_pass forms o.
+  want_o: returns (o [B, T, H, V], final_state [N, H, K, V] float32, kept), kept None unless
+  keep_h, else (h [B, NT, H, K, V], v' [B, T, H, V] or None without delta): what the call without
+  want_o returns, in the input dtype. With want_o and `split_output` (above K = 128 by default) the
+  loop writes h, v' and the final state and chunk_o.output_pass forms o, so keeping them is free.
   """
   delta = w is not None
   if want_o and split_output(st.cfg, k.shape[-1], G.ndim == 4):
-    outs = _run_state_pass(None, k, w, u, G, h0, starts, ends, st, False, False, True, None)
-    vn = outs[1] if delta else u
-    o = chunk_o.output_pass(q, k, G, outs[0], vn, st)
-    return o, outs[-1], (outs[0] if keep_h else None)
+    h, *vn, final = _run_state_pass(None, k, w, u, G, h0, starts, ends, st, False, False, True,
+                                    None)
+    vn = vn[0] if delta else None
+    o = chunk_o.output_pass(q, k, G, h, u if vn is None else vn, st)
+    return o, final, ((h, vn) if keep_h else None)
   outs = _run_state_pass(q, k, w, u, G, h0, starts, ends, st, want_o, keep_h, False, scores)
   if want_o:
-    o, *h, final = outs
-    return o, final, (h[0] if keep_h else None)
+    o, *kept, final = outs
+    return o, final, ((kept[0], kept[1] if delta else None) if keep_h else None)
   return outs[0], (outs[1] if delta else None)
 
 
 def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, keep_h: bool,
                     want_final: bool, scores):
-  """One launch of _state_kernel, its outputs: want_o (o, h with keep_h, final state); else h,
-  then v' (delta) and the final state (want_final) where present."""
+  """One launch of _state_kernel, its outputs: want_o (o, then h and v' (delta) with keep_h, the
+  final state); else h, then v' (delta) and the final state (want_final) where present."""
   B, T, H, K = k.shape
   V, N = u.shape[-1], h0.shape[0]
   delta = w is not None
@@ -162,7 +164,8 @@ def _run_state_pass(q, k, w, u, G, h0, starts, ends, st: Static, want_o: bool, k
               *(spec_if(f, sp.seq_flags()) for f in flags)]
   tokens, states = sds((B, T, H, V), k.dtype), sds((B, sp.NT, H, K, V), k.dtype)
   out_shape = [tokens if want_o else None, states if keep_h or not want_o else None,
-               tokens if delta and not want_o else None, sds(h0.shape, F32) if want_final else None]
+               tokens if delta and (keep_h or not want_o) else None,
+               sds(h0.shape, F32) if want_final else None]
   out_specs = [spec_if(x, spec) for x, spec in zip(out_shape, [sp.seq_tok(BV, True),
                                                              sp.seq_state(K, BV),
                                                              sp.seq_tok(BV, True), h0_spec])]
