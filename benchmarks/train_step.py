@@ -7,6 +7,8 @@
     python benchmarks/train_step.py --torch DIR/torch_train_step.json    # torch figures run before
     python benchmarks/train_step.py --long --presets gated_deltanet_340m_fla,gated_deltanet_340m_fla@auto
                                             # the linear ops whole, then on segments of T
+    python benchmarks/train_step.py --long --presets "gated_deltanet_340m_fla,gated_deltanet_340m_fla#keep_states=1"
+                                            # the GPU kernels' defaults, then a Config variant
     python benchmarks/train_step.py --config.model.scan_layers=true  # a ModelConfig field of every preset
 
 --run_torch runs benchmarks/torch_train_step.py (HF's LlamaForCausalLM, then fla's
@@ -35,6 +37,7 @@ import dataclasses
 import json
 import os
 import functools
+import re
 import subprocess
 import sys
 import tarfile
@@ -55,6 +58,7 @@ from lineax_lm.models.presets import PRESETS, model_config
 from lineax_lm.train import metrics
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, validate_config
+from pallas_kernels import bench
 from pallas_kernels.common import segments
 
 # This script's flags and the config field each sets: `--config.<field>` is refused for these.
@@ -224,7 +228,7 @@ def run_each_in_process(a, specs: list[str]) -> list[dict]:
   `--config.*` overrides): its rows."""
   rows = []
   for spec in specs:
-    part = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg") + ".json"
+    part = os.path.splitext(a.json)[0] + "." + spec_file_name(spec) + ".json"
     args = [sys.executable, os.path.abspath(__file__), "--presets", spec, "--json", part]
     for key in ("batch", "seq", "loss_chunk", "steps", "dtype", "remat", "attn_impl", "profile"):
       if getattr(a, key) is not None:
@@ -307,9 +311,15 @@ def parse_args(argv=None) -> types.SimpleNamespace:
   for flag, field in FLAG_FIELDS.items():
     if field in overrides:
       cli.fail(f"--config.{field}: set it with --{flag}")
-  unknown = [s for s in fv.presets if s.partition("@")[0].partition(":")[0] not in PRESETS]
+  specs = [parse_spec(s) for s in fv.presets]
+  unknown = [s for s, spec in zip(fv.presets, specs) if spec.preset not in PRESETS]
   if unknown:
     cli.fail(f"--presets: unknown preset(s) {unknown}; choose from {sorted(PRESETS)}")
+  for spec in specs:
+    try:
+      bench.variants(spec.variant) if spec.variant else None
+    except ValueError as e:
+      cli.fail(f"--presets: {e}")
   a = types.SimpleNamespace(**fv.flag_values_dict(), overrides=overrides)
   if a.long:
     a.batch, a.seq = 1, 32768
@@ -357,17 +367,40 @@ def main(argv=None):
           f"{r['step_s'] * 1e3:.0f} | {first:.0f}{split_text(r)} |")
 
 
-def run_one(a, spec: str) -> dict:
-  # "name:3:1" = the preset with attn_ratio "3:1"; "name@16" / "name@auto": its linear ops on 16
-  # segments of T / on the automatic count (pallas_kernels.common.segments)
-  model, _, seg = spec.partition("@")
+def spec_file_name(spec: str) -> str:
+  """A preset spec as a file name's part: letters, digits, '.', '_' and '-' (what a device call
+  brings back)."""
+  return re.sub(r"[^A-Za-z0-9._-]", "_", spec)
+
+
+class Spec(typing.NamedTuple):
+  """A --presets entry "name[:ratio][@segments][#variant]": "name:3:1" the preset with attn_ratio
+  "3:1"; "name@16" / "name@auto" its linear ops on 16 segments of T / on the automatic count
+  (pallas_kernels.common.segments); "name#V" its GPU kernels on the Config variant V
+  (pallas_kernels.bench's VARIANTS syntax, e.g. "#keep_states=1+keep_wu=1" for the gated delta
+  rule's)."""
+  preset: str
+  ratio: str
+  segments: str
+  variant: str
+
+
+def parse_spec(spec: str) -> Spec:
+  model, _, variant = spec.partition("#")
+  model, _, seg = model.partition("@")
   preset, _, ratio = model.partition(":")
+  return Spec(preset, ratio, seg, variant)
+
+
+def run_one(a, spec: str) -> dict:
+  preset, ratio, seg, variant = parse_spec(spec)
   config = a.config.copy_and_resolve_references()
   config.model.preset = preset
   if ratio:
     config.model.attn_ratio = ratio
-  stem = os.path.splitext(a.json)[0] + "." + spec.replace(":", "_").replace("@", "_seg")
-  with segments.segment_parallel(seg if seg in ("", "auto") else int(seg)) if seg else nullcontext():
+  stem = os.path.splitext(a.json)[0] + "." + spec_file_name(spec)
+  with (segments.segment_parallel(seg if seg in ("", "auto") else int(seg)) if seg else nullcontext(),
+        bench.gpu_defaults(variant)):
     row, table = run(config, a.steps, a.profile, stem + ".hlo.txt" if a.hlo else None)
   if table:
     with open(stem + ".profile.md", "w") as f:

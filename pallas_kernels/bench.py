@@ -28,6 +28,7 @@ figure is written to OUT/ops.json as soon as it is measured (what was measured s
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -246,6 +247,23 @@ def variants(spec: str) -> tuple[tuple[str, NamedTuple], ...]:
       raise ValueError(f"VARIANTS: {item!r}: give {family}'s Config fields as name=integer "
                        f"({', '.join(config._fields)}): {e}") from None
   return tuple(out)
+
+
+@contextlib.contextmanager
+def gpu_defaults(spec: str):
+  """Ops traced inside run their GPU kernels on the Configs of `spec` (the VARIANTS syntax, one
+  variant a family; "" changes nothing) instead of their defaults: how a whole model's step is
+  timed on a variant (benchmarks/train_step.py's "preset#variant")."""
+  saved = []
+  try:
+    for family, config in variants(spec) if spec else ():
+      fn = getattr(_gpu_module(family), f"chunk_{family}")
+      saved.append((fn, fn.__kwdefaults__["config"]))
+      fn.__kwdefaults__["config"] = config
+    yield
+  finally:
+    for fn, config in reversed(saved):
+      fn.__kwdefaults__["config"] = config
 
 
 def load_baseline(d) -> dict:

@@ -1,8 +1,6 @@
 """benchmarks/generation.py's rules: the new prompt lengths it times fall where lineax_lm's buckets
 say they should, its table gives each row's ratios to fla's and HF Llama's row of its batch, and
 --profile writes its table."""
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -12,15 +10,10 @@ from lineax_lm.models.generate import length_bucket
 from lineax_lm.models.hybrid import HybridLM
 from tests.lineax_lm.tiny import tiny_config
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))), "benchmarks")
-
 
 @pytest.fixture
-def generation(monkeypatch):
-  monkeypatch.syspath_prepend(BENCHMARKS)  # its sibling modules are imported by their bare names
-  import generation
-  return generation
+def generation(import_benchmark):
+  return import_benchmark("generation")
 
 
 @pytest.mark.parametrize("prompt", [32, 2048])

@@ -79,3 +79,18 @@ def test_a_variant_runs_the_family_kernels_with_its_config():
     fn, names = timer.op_fn("mlstm", "gpu", config)
     outs.append(fn(*(inputs[n] for n in names)))
   np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_gpu_defaults_give_ops_traced_inside_the_variant():
+  """A whole model's step on a variant (train_step.py's "preset#V"): the family's GPU function takes
+  the variant's Config as its default inside, its own again after, also when the body raises."""
+  from pallas_kernels.gated_delta_rule import gpu
+  default = gpu.chunk_gated_delta_rule.__kwdefaults__["config"]
+  with pytest.raises(RuntimeError):
+    with bench.gpu_defaults("keep_states=1+bv_state=16"):
+      assert gpu.chunk_gated_delta_rule.__kwdefaults__["config"] == gpu.Config(keep_states=1,
+                                                                                bv_state=16)
+      raise RuntimeError
+  assert gpu.chunk_gated_delta_rule.__kwdefaults__["config"] is default
+  with bench.gpu_defaults(""):
+    assert gpu.chunk_gated_delta_rule.__kwdefaults__["config"] is default
