@@ -27,10 +27,10 @@
 #   SIZE [medium] medium (the pilot) or medium_slice (the ratio slice: the grid refuses it until
 #     the gate passes)
 #   STAGE [all] all: the corpus, then the grid; corpus: the corpus and the control alone (what
-#     needs the teacher), brought back with $OUT set as corpus.tar.xz.part_* (pieces of 15 MiB)
-#     and control.json in grid_results.tgz
-#   CORPUS_IN [unset] a folder holding those pieces, unpacked into GRID_DIR first (no teacher, no
-#     sampling then)
+#     needs the teacher), brought back with $OUT set as corpus.tar.xz.part_* (pieces of 15 MiB:
+#     the shards there are, complete or not) and control.json in grid_results.tgz
+#   CORPUS_IN [unset] a folder holding those pieces, unpacked into GRID_DIR first (then only the
+#     missing shards are sampled; with a complete corpus and a control, no teacher is needed)
 #   CONTROL [smollm2] the positive control's teacher ("" for none)
 #   GRID_DIR [/tmp/keep/hybrid_medium] (must survive between calls; the pilot and the slice share
 #     it)
@@ -98,17 +98,25 @@ if ! corpus_complete && [ "$(left)" -gt 60 ]; then
   run_limited "$GRID_DIR/corpus.log" "$limit" python3 -m lineax_lm.experiments.corpus \
     --size "$SIZE" --out "$GRID_DIR/corpus" --time_limit "$(( limit - 20 ))" ${CORPUS_ARGS:-}
 fi
-if [ "$STAGE" = corpus ] && corpus_complete; then
-  if needs_control && [ "$(left)" -gt 60 ]; then
+not_complete() {
+  local shards
+  shards=$(grep -o '[0-9]* of [0-9]* shards' "$GRID_DIR/corpus.log" 2>/dev/null | tail -n 1)
+  rc=1; echo "the corpus is not complete (${shards:-no shard yet}): rerun to go on sampling"
+}
+if [ "$STAGE" = corpus ]; then
+  if corpus_complete && needs_control && [ "$(left)" -gt 60 ]; then
     run_limited "$GRID_DIR/control.log" "$(left)" python3 -m lineax_lm.experiments.grid \
       --size "$SIZE" --out "$GRID_DIR" --tables --control "$CONTROL"
   fi
-  if needs_control; then
+  if ! corpus_complete; then
+    not_complete
+  elif needs_control; then
     rc=1; echo "the corpus is complete, the control is not: rerun"
   else
     echo "corpus complete"
   fi
-  if [ -n "${OUT:-}" ]; then
+  if [ -n "${OUT:-}" ] && [ -d "$GRID_DIR/corpus" ]; then
+    # complete or not: a fresh machine given the pieces (CORPUS_IN) samples only what is missing
     (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
     ls -l "$OUT"/corpus.tar.xz.part_*
   fi
@@ -120,8 +128,7 @@ elif corpus_complete && [ "$(left)" -gt 60 ]; then
 elif corpus_complete; then
   rc=1; echo "the corpus is complete, too little time was left for the grid: rerun"
 else
-  shards=$(grep -o '[0-9]* of [0-9]* shards' "$GRID_DIR/corpus.log" 2>/dev/null | tail -n 1)
-  rc=1; echo "the corpus is not complete (${shards:-no shard yet}): rerun to go on sampling"
+  not_complete
 fi
 if [ -n "${OUT:-}" ]; then
   (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
