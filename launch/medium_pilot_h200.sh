@@ -9,8 +9,9 @@
 # Over several device sessions (a machine is held 30 minutes at most, and checkpoints are too big to
 # come back): first the corpus and the control, brought back, then the cells on fresh machines,
 #   TEACHER_PARTS=.teacher_parts STAGE=corpus bash launch/medium_pilot_h200.sh  # to "corpus complete"
-#   RESULTS_IN=grid_results.tgz CORPUS_IN=DIR GRID_ARGS="--next 2" bash launch/medium_pilot_h200.sh
-# (DIR: a folder holding the corpus.tar.xz.part_* pieces of the first, carried with the call).
+#   RESULTS_IN=grid_results.tgz CORPUS_IN=.corpus_pieces GRID_ARGS="--next 2" \
+#     bash launch/medium_pilot_h200.sh
+# (.corpus_pieces: the corpus.tar.xz.part_* pieces of the first, carried with the call).
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled;
 # .whl/ with the wheels of what it lacks, launch/h200_env.sh). Each call does, inside T_LIMIT:
