@@ -282,9 +282,10 @@ class TestOnGPU:
   @pytest.mark.parametrize("config", [Config(), Config(bk_state=256),
                                       Config(bk_state=64, stages_state=1, warps_state=8,
                                              unrolled_value_columns=0),
-                                      Config(split_output=False), Config(bv_state=16)],
+                                      Config(split_output=False), Config(bv_state=16),
+                                      Config(keep_states=True, keep_wu=True)],
                            ids=["default-key-blocks", "one-key-block", "key-blocks-8-warps-tile-loop",
-                                "fused-output", "value-tile-16"])
+                                "fused-output", "value-tile-16", "states-kept"])
   def test_gated_delta_rule_475m_head_dims(self, monkeypatch, config):
     """fla's 340M config (the 475M model: K = 256, V = 512) compiled, with the tile variants that
     benchmarks/ops.py --variants times at that shape."""
