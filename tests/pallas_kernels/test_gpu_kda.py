@@ -113,6 +113,11 @@ class TestOnGPU(harness.DeviceSuite):
   def test_head_dims_256(self):
     harness.check_op(KDA, T=200, H=2, K=256, V=256, dtype="bfloat16", backend="gpu", B=1)
 
+  def test_states_kept(self, monkeypatch):
+    monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config",
+                        kda_gpu.Config(shared=Config(keep_states=True)))
+    harness.check_op(KDA, T=600, H=2, K=128, V=128, dtype="bfloat16", backend="gpu", varlen=True)
+
   @pytest.mark.parametrize("T,H,K,V,dtype", harness.SHAPE_CASES[::3])
   def test_fused_recurrent(self, T, H, K, V, dtype):
     harness.check_op(KDA, kind="fused_recurrent", T=T, H=H, K=K, V=V, dtype=dtype, backend="gpu")
