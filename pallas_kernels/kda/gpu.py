@@ -76,6 +76,8 @@ class Config(NamedTuple):
   bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
   warps_scores: int = 8   # the score-gradient kernel
   warps_scores_fwd: int = 8  # the score kernel of the forward
+  bk_scores_fwd: int | None = None  # its key tile where it differs from bk_scores (a level's dots
+                                    # over fewer, larger tiles)
   stages_scores_fwd: int = 3  # and its pipeline stages: at one each key tile's loads are waited
                               # for (one 8-warp program an SM). H100, anchor shape, fwd / fwd+bwd:
                               # 2.146 / 5.534 ms at one stage, 2.369 / 5.620 at two, 2.068 / 5.351
@@ -127,7 +129,9 @@ def _scores_fwd(q, k, G, beta, st: Static):
   in) and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (input dtype)."""
   B, T, H, K = k.shape
   sp = Specs(H, CHUNK, T)
-  kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=min(st.family_cfg.bk_scores, K))
+  cfg = st.family_cfg
+  bk = min(cfg.bk_scores if cfg.bk_scores_fwd is None else cfg.bk_scores_fwd, K)
+  kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=bk)
   tok_k, rows = sp.chunk_tok(K), sp.chunk_tok(CHUNK)
   return launch(kern, (sp.NT, B * H), [tok_k, tok_k, sp.chunk_gate(K), sp.chunk_gate()],
                [rows, rows, tok_k, tok_k],

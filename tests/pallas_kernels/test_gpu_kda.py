@@ -55,10 +55,11 @@ def test_state_in_key_blocks_interpret(monkeypatch):
 
 
 def test_the_forward_keeps_the_states_interpret(monkeypatch):
-  """The forward's chunk-start states and v' kept for the backward (Config.keep_states)."""
+  """The forward's chunk-start states and v' kept for the backward (Config.keep_states), with the
+  forward's scores over key tiles of 64 (Config.bk_scores_fwd) and the backward's of 32."""
   monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config",
-                      kda_gpu.Config(shared=Config(keep_states=True)))
-  harness.check_op(STEEP, T=100, H=2, K=32, V=32, dtype="float32", backend="gpu", interpret=True,
+                      kda_gpu.Config(shared=Config(keep_states=True), bk_scores_fwd=64))
+  harness.check_op(STEEP, T=100, H=2, K=128, V=32, dtype="float32", backend="gpu", interpret=True,
                    varlen=True)
 
 
