@@ -41,8 +41,9 @@ class Config(NamedTuple):
                           # alone); None: gated_delta_rule.gpu.keeps_w_u's choice
   keep_states: bool = False  # the forward keeps the chunk-start states h (and the delta rule's
                           # v') for the backward, which then runs no state pass of its own: B*T/64
-                          # * H*K*V values of the input dtype a call (the 475M GDN's layer at
-                          # 32,768 tokens: 0.5 GiB) against one serial pass over the chunks
+                          # * H*K*V values of the input dtype a call, and B*T*H*V for v' (the 475M
+                          # GDN's layer at 32,768 tokens: 0.5 + 0.125 GiB) against one serial pass
+                          # over the chunks
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
