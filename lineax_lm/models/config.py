@@ -71,6 +71,11 @@ class ModelConfig:
   backend: str = "auto"                    # op backend for every mixer
   max_segments: int = 16                   # packed sequences per row (static bound under jit)
   scan_layers: bool = False                # training forward as a lax.scan over repeating blocks
+  # Training: the linear mixers' GPU kernels keep their chunk-start states (and the delta rules'
+  # WY factors) for the backward instead of forming them again there (pallas_kernels'
+  # Config.keep_states, fla's disable_recompute): one serial pass fewer a layer, more memory (the
+  # 475M GDN at 32,768 tokens: 0.8 GiB a layer)
+  keep_states: bool = False
 
   def __post_init__(self):
     items = self.mixer_cfg.items() if isinstance(self.mixer_cfg, Mapping) else self.mixer_cfg

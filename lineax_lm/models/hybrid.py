@@ -257,6 +257,7 @@ class HybridLM(nnx.Module):
     ctx = Context(jnp.broadcast_to(positions, (B, L)).astype(jnp.int32), packing, start)
 
     remat = config.remat if config.remat != "none" and cache is None else None
+    keep_states = config.keep_states and cache is None  # a backward only follows training's forward
     x = self.embed(inputs)
     if self.embed_norm is not None:
       x = self.embed_norm(x)
@@ -266,12 +267,12 @@ class HybridLM(nnx.Module):
     period = self._scan_period() if cache is None else None
     if period is not None:
       x = scan_blocks(_block_training_forward, list(self.blocks), period, x, ctx,
-                      per_layer=self._lower_bound_rows(), remat=remat)
+                      per_layer=self._lower_bound_rows(), remat=remat, keep_states=keep_states)
     else:
       for i, (block, lb) in enumerate(zip(self.blocks, self._lower_bounds())):
         x, layer_cache = call_shared(_block_forward, block, x,
                                      None if cache is None else cache["layers"][i], ctx, lb,
-                                     remat=remat)
+                                     remat=remat, keep_states=keep_states)
         if cache is None:
           x = sharding.constrain_rows(x)
         layer_caches.append(layer_cache)

@@ -40,7 +40,7 @@ MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CHECKSUMS_FILE)
 # ModelConfig fields that change how a saved model runs or was initialised, not what it computes:
 # config.json may be edited in these; any other edit makes it describe a different model.
 RUNTIME_FIELDS = frozenset({"dtype", "param_dtype", "remat", "backend", "attn_impl", "scan_layers",
-                            "max_segments", "init_std", "residual_init"})
+                            "keep_states", "max_segments", "init_std", "residual_init"})
 
 
 @dataclasses.dataclass

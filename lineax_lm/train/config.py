@@ -55,7 +55,7 @@ def lm_config(preset: str = "", tokens: int = 0) -> ml_collections.ConfigDict:
           attn_placement ("spread", the default here: the ratio's share of attention at any depth,
           lineax_lm.models.placement.spread_attention_layers; "periodic": attention_layers),
           mixer_cfg (options added to the preset's), dtype, param_dtype, backend, remat, attn_impl,
-          scan_layers. A field left None keeps the preset's value.
+          scan_layers, keep_states. A field left None keeps the preset's value.
   train   tokens: the budget; steps = tokens // (data.global_batch_size * data.seq_len), warmup
           1/32 of them, a checkpoint every quarter (all derived lazily: overriding tokens, the batch
           or the length on the command line moves them). Setting train.steps directly cuts the link.
@@ -69,7 +69,7 @@ def lm_config(preset: str = "", tokens: int = 0) -> ml_collections.ConfigDict:
       mixer_cfg=ml_collections.ConfigDict(), dtype=config_dict.placeholder(str),
       param_dtype=config_dict.placeholder(str), backend=config_dict.placeholder(str),
       remat=config_dict.placeholder(str), attn_impl=config_dict.placeholder(str),
-      scan_layers=config_dict.placeholder(bool)))
+      scan_layers=config_dict.placeholder(bool), keep_states=config_dict.placeholder(bool)))
   c.data.update(dict(source="jsonl", seq_len=2048, global_batch_size=256, heldout_fraction=0.01))
   c.train.update(dict(lr=3e-4, min_lr_ratio=0.1, weight_decay=0.1, b2=0.95, log_every=50,
                       compilation_cache="~/.cache/lineax_lm/jax_compilation_cache"))

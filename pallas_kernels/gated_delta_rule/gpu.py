@@ -158,10 +158,12 @@ def keeps_w_u(cfg, K: int) -> bool:
   """Whether the forward keeps w [T, K] and u [T, V] for the backward, or only the inverse T
   [T, C], from which the backward forms them again (`_wy_apply`, as fla's recompute_w_u). Up to
   K = 128 it keeps them; above, it keeps T alone: at the 475M model's K = 256, V = 512, w and u
-  are 201 MB a layer at 65,536 tokens, 4.8 GB over its 24 layers, where the step's peak stood
+  are 201 MB a layer at 32,768 tokens, 4.8 GB over its 24 layers, where the step's peak stood
   1.9 GiB above fla's. Forming them again reads k, v and T and writes w and u (no inverse).
-  `cfg.keep_wu` overrides."""
-  return K <= 128 if cfg.keep_wu is None else bool(cfg.keep_wu)
+  `cfg.keep_wu` overrides; `cfg.keep_states` (the backward forms nothing again) keeps them."""
+  if cfg.keep_wu is not None:
+    return bool(cfg.keep_wu)
+  return K <= 128 or cfg.keep_states
 
 
 # --- 6. back through the WY/UT transform ----------------------------------------------------------

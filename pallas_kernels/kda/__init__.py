@@ -2,11 +2,14 @@
 per-channel decay: its backends are adapters onto `pallas_kernels.gated_delta_rule`'s."""
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels.common import api, checks
 from pallas_kernels.common.chunk import l2norm
+from pallas_kernels.common.gpu.config import states_kept
 from pallas_kernels.kda.transition import TRANSITION
 
 F32 = api.F32
@@ -31,10 +34,13 @@ Args:
   use_qk_l2norm_in_kernel: L2-normalise q and k over K first (as KDA layers do).
   use_beta_sigmoid_in_kernel: beta holds logits, the write strength is sigmoid(beta) (float32);
     allow_neg_eigval (requires it): 2 sigmoid(beta), eigenvalues of the transition in (-1, 1).
-  chunk_kda's fla tuning options: safe_gate (checked as fla checks it: with use_gate_in_kernel it
-    needs lower_bound in [-5, 0)), disable_recompute, use_graph and max_num_seqs are accepted and
-    change nothing here (every backend handles any gate magnitude; shapes are static under jit and
-    padded empty sequences are allowed); return_intermediate_states=True and cp_context raise.
+  chunk_kda's fla tuning options: disable_recompute=True has the GPU kernels' forward keep the
+    states for the backward, as fla's keeps its intermediates (pallas_kernels.common.gpu.config's
+    `states_kept`: more memory, no state pass in the backward; the other backends' results and
+    memory are as without it); safe_gate (checked as fla checks it: with use_gate_in_kernel it
+    needs lower_bound in [-5, 0)), use_graph and max_num_seqs are accepted and change nothing here
+    (every backend handles any gate magnitude; shapes are static under jit and padded empty
+    sequences are allowed); return_intermediate_states=True and cp_context raise.
 """
 
 
@@ -97,10 +103,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
       raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
     if not -5 <= lower_bound < 0:
       raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
-  return _run("chunk", q, k, v, g, beta, gate.get("A_log"), gate.get("dt_bias"), scale, initial_state,
-              output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-              use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
-              backend, interpret, context_axis)
+  with states_kept() if disable_recompute else contextlib.nullcontext():
+    return _run("chunk", q, k, v, g, beta, gate.get("A_log"), gate.get("dt_bias"), scale,
+                initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first,
+                cu_seqlens, backend, interpret, context_axis)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,

@@ -63,6 +63,19 @@ def test_the_forward_keeps_the_states_interpret(monkeypatch):
                    varlen=True)
 
 
+def test_disable_recompute_spares_the_backward_a_state_pass():
+  """fla's `disable_recompute=True` keeps the GPU kernels' states for the backward."""
+  B, T, H, K, V = 1, 128, 2, 32, 32
+  rng = np.random.default_rng(0)
+  q, k, v, g, beta = (jnp.asarray(x) for x in kda_inputs(rng, B, T, H, K, V).values())
+
+  def kernels(**kw):
+    loss = lambda *a: jnp.sum(KDA.chunk(*a, backend="gpu", interpret=True, **kw)[0])
+    return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, g, beta)).count("pallas_call")
+
+  assert kernels(disable_recompute=True) == kernels() - 1
+
+
 def test_fused_recurrent_interpret():
   harness.check_op(STEEP, kind="fused_recurrent", T=37, H=2, K=100, V=24, dtype="float32",
                    backend="gpu", interpret=True, varlen=True)

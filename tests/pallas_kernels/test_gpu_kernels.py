@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.common import dispatch
-from pallas_kernels.common.gpu.config import Config, state_stages, state_value_block
+from pallas_kernels.common.gpu.config import (Config, state_stages, state_value_block,
+                                               states_kept)
 from pallas_kernels.gated_delta_rule import gpu as gdn_gpu
 from pallas_kernels.simple_gla import gpu as simple_gla_gpu
 from tests.pallas_kernels import harness
@@ -150,19 +151,32 @@ def test_the_forward_keeps_the_states_interpret(monkeypatch, case, fn, split, va
                    varlen=varlen)
 
 
+def _kernel_count(fn, *args) -> int:
+  """pallas_calls in the gradient of sum(fn(*args)[0]) with respect to the first three args."""
+  loss = lambda *a: jnp.sum(fn(*a)[0])
+  return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)).count("pallas_call")
+
+
 def test_kept_states_spare_the_backward_a_state_pass():
   B, T, H, K, V = 1, 128, 2, 32, 32
-  q, k, g, beta = (jnp.ones((B, T, H, K)), jnp.ones((B, T, H, K)), -jnp.ones((B, T, H)),
-                   jnp.ones((B, T, H)) / 2)
-  v, h0 = jnp.ones((B, T, H, V)), jnp.zeros((B, H, K, V))
-
-  def kernels(config):
-    loss = lambda *a: jnp.sum(gdn_gpu.chunk_gated_delta_rule(
-        *a, scale=0.5, initial_state=h0, interpret=True, config=config)[0])
-    return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v, g, beta)).count("pallas_call")
-
+  x = (jnp.ones((B, T, H, K)), jnp.ones((B, T, H, K)), jnp.ones((B, T, H, V)), -jnp.ones((B, T, H)),
+       jnp.ones((B, T, H)) / 2)
+  h0 = jnp.zeros((B, H, K, V))
   for split in (False, True):
-    assert kernels(Config(keep_states=True, split_output=split)) == kernels(Config(split_output=split)) - 1
+    counts = [_kernel_count(functools.partial(gdn_gpu.chunk_gated_delta_rule, scale=0.5,
+                                              initial_state=h0, interpret=True, config=config), *x)
+              for config in (Config(split_output=split), Config(keep_states=True, split_output=split))]
+    assert counts[1] == counts[0] - 1
+  # the public op under `states_kept` (what ModelConfig.keep_states sets for a model's layers)
+  public = functools.partial(GDN.chunk, backend="gpu", interpret=True)
+  plain = _kernel_count(public, *x)
+  with states_kept():
+    assert _kernel_count(public, *x) == plain - 1
+
+
+def test_keeping_the_states_keeps_w_and_u():
+  assert gdn_gpu.keeps_w_u(Config(keep_states=True), 256)
+  assert not gdn_gpu.keeps_w_u(Config(keep_states=True, keep_wu=False), 256)
 
 
 # (config, K, per_channel) -> stages of the state passes and of the dh pass: above K = 128 two

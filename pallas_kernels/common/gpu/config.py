@@ -2,6 +2,8 @@
 non-differentiated) arguments every stage and every family's custom_vjp carries."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import NamedTuple
 
 from pallas_kernels.common import segments
@@ -39,11 +41,13 @@ class Config(NamedTuple):
                           # gated_delta_rule.gpu.wy_bwd_key_block's choice
   keep_wu: bool | None = None  # the forward keeps w and u for the backward (else the inverse T
                           # alone); None: gated_delta_rule.gpu.keeps_w_u's choice
-  keep_states: bool = False  # the forward keeps the chunk-start states h (and the delta rule's
-                          # v') for the backward, which then runs no state pass of its own: B*T/64
-                          # * H*K*V values of the input dtype a call, and B*T*H*V for v' (the 475M
-                          # GDN's layer at 32,768 tokens: 0.5 + 0.125 GiB) against one serial pass
-                          # over the chunks
+  keep_states: bool = False  # the forward keeps what the backward would form again: the
+                          # chunk-start states h, the delta rule's v' and (unless keep_wu says
+                          # otherwise) w and u, so the backward runs no state pass of its own.
+                          # B*T/64 * H*K*V values of the input dtype a call for h, B*T*H*V for v'
+                          # (the 475M GDN's layer at 32,768 tokens: 0.5 + 0.125 GiB, w and u 0.19
+                          # more) against one serial pass over the chunks; `states_kept` sets it
+                          # for a trace
   stages_chunk: int = 1   # chunk-parallel kernels
   bv_chunk: int = 64      # value tile of the loops inside the backward chunk kernels
   unrolled_value_columns: int = 256  # the chunk kernels' value-tile loops are unrolled up to this
@@ -51,6 +55,26 @@ class Config(NamedTuple):
 
 
 DEFAULT = Config()
+
+
+_STATES_KEPT = contextvars.ContextVar("states_kept", default=False)
+
+
+@contextlib.contextmanager
+def states_kept(keep: bool = True):
+  """GPU chunk ops traced inside run with `Config.keep_states` (fla's `disable_recompute`): their
+  forward keeps the states and the WY factors for the backward instead of the backward forming
+  them again, trading memory for a serial pass (ModelConfig.keep_states sets it for a model)."""
+  token = _STATES_KEPT.set(keep)
+  try:
+    yield
+  finally:
+    _STATES_KEPT.reset(token)
+
+
+def in_context(cfg: Config) -> Config:
+  """`cfg` with keep_states on where a `states_kept` block asks for it."""
+  return cfg._replace(keep_states=True) if _STATES_KEPT.get() and not cfg.keep_states else cfg
 
 
 class Static(NamedTuple):

@@ -27,7 +27,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.common import varlen
 from pallas_kernels.common.cost import kernel_cost
-from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static
+from pallas_kernels.common.gpu.config import CHUNK, DEFAULT, Config, Static, in_context
 from pallas_kernels.common.gpu.kernel_math import F32
 
 MAX_DIM = 256   # largest key head dim K the kernels hold in registers (and widest power-of-two V)
@@ -240,6 +240,7 @@ def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_s
   h0 = pad_axis(pad_axis(initial_state, 2, Kp), 3, Vp)
   gates = [head_major(x) if x.ndim == 3 else pad_axis(x, 3, Kp) for x in gates]
   per_head = [None if x is None else pad_axis(x.astype(F32), 1, Kp) for x in per_head]
-  st = Static(float(scale), cu_seqlens is not None, bool(interpret), config, family_config)
+  st = Static(float(scale), cu_seqlens is not None, bool(interpret), in_context(config),
+              family_config)
   o, S = core(st, q, k, v, *gates, *per_head, h0, starts, ends)
   return varlen.from_chunked(o[..., :V], plan), S[:, :, :K, :V]

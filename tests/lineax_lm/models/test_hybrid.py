@@ -1,10 +1,13 @@
 """HybridLM: packed == unpacked, an all-attention model is a Llama, generation."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from lineax_lm.models import compile as compile_lib
 from lineax_lm.models.hybrid import HybridLM, init_params, make_packing, segment_ids_from_cu_seqlens
 from tests.lineax_lm.tiny import tiny_config, tokens
 
@@ -122,6 +125,48 @@ def test_remat_gives_the_same_gradients():
     grads.append(jax.jit(jax.grad(loss))(state))
   for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_keep_states_reaches_every_layers_ops(monkeypatch, scan):
+  """ModelConfig.keep_states: each layer's shared call is traced again with its ops' states kept
+  (the flag is part of that call's cache key, which a context read at trace time is not), in the
+  per-layer loop and in the scan, in training only; on the xla backend it changes nothing."""
+  entered = []
+  real = compile_lib.states_kept
+
+  @contextlib.contextmanager
+  def recording():
+    entered.append(True)
+    with real():
+      yield
+
+  monkeypatch.setattr(compile_lib, "states_kept", recording)
+  jax.clear_caches()  # a trace an earlier test left would be reused without entering `recording`
+  x = jnp.asarray(tokens((2, 8)))
+  outs = []
+  for keep in (False, True):
+    entered.clear()
+    model = HybridLM(tiny_config(num_layers=2, scan_layers=scan, keep_states=keep), nnx.Rngs(0))
+    outs.append(model(x))
+    assert bool(entered) == keep
+    entered.clear()
+    model.generate(np.asarray(tokens((1, 4))), max_new_tokens=2)  # prefill and decode: no backward
+    assert not entered
+  np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
+
+
+@pytest.mark.gpu
+def test_keep_states_gives_the_same_gradients_with_the_gpu_kernels():
+  x = jnp.asarray(tokens((2, 256)))
+  grads = []
+  for keep in (False, True):
+    model = HybridLM(tiny_config(num_layers=2, backend="gpu", keep_states=keep), nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
+    grads.append(jax.jit(jax.grad(loss))(state))
+  for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
