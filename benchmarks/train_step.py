@@ -377,8 +377,7 @@ class Spec(typing.NamedTuple):
   """A --presets entry "name[:ratio][@segments][#variant]": "name:3:1" the preset with attn_ratio
   "3:1"; "name@16" / "name@auto" its linear ops on 16 segments of T / on the automatic count
   (pallas_kernels.common.segments); "name#V" its GPU kernels on the Config variant V
-  (pallas_kernels.bench's VARIANTS syntax, e.g. "#keep_states=1+keep_wu=1" for the gated delta
-  rule's)."""
+  (pallas_kernels.bench's VARIANTS syntax, e.g. "#keep_states=1" for the gated delta rule's)."""
   preset: str
   ratio: str
   segments: str

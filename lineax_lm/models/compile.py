@@ -4,7 +4,6 @@ pure function keyed on its graphdef, so that layers of one kind share one trace 
 once."""
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
@@ -33,7 +32,7 @@ def call_shared(fn, module: nnx.Module, *args, remat: str | None = None, keep_st
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _pure_call(fn, graphdef, remat, keep_states, state, *args):
   def apply(state, *args):
-    with states_kept() if keep_states else contextlib.nullcontext():
+    with states_kept(keep_states):
       return fn(nnx.merge(graphdef, state), *args)
   if remat is not None:
     apply = jax.checkpoint(apply, policy=REMAT_POLICIES[remat])

@@ -17,7 +17,7 @@ forward
                                 (`config.split_output`) the pass writes h, v' and the final state
                                 instead and `chunk_o.output_pass` (grid (V/BV, NT, B*H)) forms o.
 backward (residuals: the inputs, T and, up to K = 128, w and u (`keeps_w_u`); the states are
-formed again in the backward unless `Config.keep_states` keeps the forward's h and v')
+formed again in the backward unless `Config.keep_states` keeps the forward's h, v', w and u)
   3. `_wy_apply`                above K = 128: w and u again from T (grid (NT, B*H)); then
      `chunk_state.state_pass`   again, storing the chunk-start states h [B, NT, H, K, V] and v' in
                                 the input dtype.
@@ -107,10 +107,10 @@ def _wy_apply_kernel(k_ref, v_ref, g_ref, b_ref, t_ref, w_ref, u_ref, *, unrolle
 def write_inverse_product(Ts, scales, x_ref, out_ref, unrolled: int, bv: int = 128):
   """out = T diag(scales) x in row blocks (Ts[p][q] the inverse's blocks of C / len(Ts) rows,
   input dtype; scales the rows' factors, a [C / len(Ts)] vector a block) and column tiles of at
-  most bv (their loop unrolled up to `unrolled` columns): u = T (beta v) and w = T (beta exp(G) k). At V = 256 (the context-parallel call
-  carries the K x K transition as K extra value columns) one tile spilled 861 KiB a thread at the
-  forward WY kernel's 2 warps and took ptxas 39 s; w formed whole at K = 256 spilled 680 bytes.
-  KDA's forward WY kernel shares it."""
+  most bv (their loop unrolled up to `unrolled` columns): u = T (beta v) and w = T (beta exp(G) k).
+  At V = 256 (the context-parallel call carries the K x K transition as K extra value columns) one
+  tile spilled 861 KiB a thread at the forward WY kernel's 2 warps and took ptxas 39 s; w formed
+  whole at K = 256 spilled 680 bytes. KDA's forward WY kernel shares it."""
   dt = Ts[0][0].dtype
   prec = precision(dt)
   size = x_ref.shape[0] // len(Ts)

@@ -2,8 +2,6 @@
 per-channel decay: its backends are adapters onto `pallas_kernels.gated_delta_rule`'s."""
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 
@@ -103,7 +101,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
       raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
     if not -5 <= lower_bound < 0:
       raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
-  with states_kept() if disable_recompute else contextlib.nullcontext():
+  with states_kept(bool(disable_recompute)):
     return _run("chunk", q, k, v, g, beta, gate.get("A_log"), gate.get("dt_bias"), scale,
                 initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                 use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first,

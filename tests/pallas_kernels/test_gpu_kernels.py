@@ -172,6 +172,8 @@ def test_kept_states_spare_the_backward_a_state_pass():
   plain = _kernel_count(public, *x)
   with states_kept():
     assert _kernel_count(public, *x) == plain - 1
+    with states_kept(False):  # an inner False (a layer or op not asking) leaves the outer choice
+      assert _kernel_count(public, *x) == plain - 1
 
 
 def test_keeping_the_states_keeps_w_and_u():

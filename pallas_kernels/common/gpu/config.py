@@ -64,8 +64,9 @@ _STATES_KEPT = contextvars.ContextVar("states_kept", default=False)
 def states_kept(keep: bool = True):
   """GPU chunk ops traced inside run with `Config.keep_states` (fla's `disable_recompute`): their
   forward keeps the states and the WY factors for the backward instead of the backward forming
-  them again, trading memory for a serial pass (ModelConfig.keep_states sets it for a model)."""
-  token = _STATES_KEPT.set(keep)
+  them again, trading memory for a serial pass (ModelConfig.keep_states sets it for a model).
+  keep=False leaves an enclosing block's choice as it is."""
+  token = _STATES_KEPT.set(_STATES_KEPT.get() or keep)
   try:
     yield
   finally:

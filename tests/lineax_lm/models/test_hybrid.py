@@ -136,9 +136,10 @@ def test_keep_states_reaches_every_layers_ops(monkeypatch, scan):
   real = compile_lib.states_kept
 
   @contextlib.contextmanager
-  def recording():
-    entered.append(True)
-    with real():
+  def recording(keep=True):
+    if keep:
+      entered.append(True)
+    with real(keep):
       yield
 
   monkeypatch.setattr(compile_lib, "states_kept", recording)
