@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from pallas_kernels.bench import device_ms, fwd_bwd, make_inputs, op_of, peak_gib  # noqa: E402
+from pallas_kernels.bench import device_ms, fwd_bwd, make_inputs, op_of  # noqa: E402
 
 AXIS = "context"
 
@@ -50,11 +50,11 @@ def measure(name: str, backend: str, slices: int, T: int, H: int, K: int, V: int
   plain = lambda *a: op(*a, **kw)[0]
   row = dict(op=name, backend=backend, slices=slices, T_slice=T)
   for label, fn, xs in (("plain", plain, batch), ("cp", cp, sliced)):
-    grad, do, _ = fwd_bwd(fn, xs)
+    fb = fwd_bwd(fn, xs)
     row[f"{label}_fwd_ms"] = device_ms(jax.jit(fn), *xs)
-    row[f"{label}_fwdbwd_ms"] = device_ms(grad, do, *xs)
-    row[f"{label}_peak_GiB"] = peak_gib(grad)[0]
-    del grad, do
+    row[f"{label}_fwdbwd_ms"] = device_ms(fb.step, fb.do, *xs)
+    row[f"{label}_peak_GiB"] = fb.peak_GiB
+    del fb
   row["fwd_ratio"] = row["cp_fwd_ms"] / row["plain_fwd_ms"]
   row["fwdbwd_ratio"] = row["cp_fwdbwd_ms"] / row["plain_fwdbwd_ms"]
   return row

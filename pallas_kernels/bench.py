@@ -16,9 +16,11 @@ Shapes are BxT with H, K, V from `--hkv`: on an accelerator the anchor 4x4096 an
 step (8x8192) at H=16, K=V=128; on CPU 2x1024 at H=4, K=V=64. Inputs as fla's benchmark draws them
 (`make_inputs`): `--dtype` q, k, v and float32 gates (HGRN: x, g [B, T, H * K]). Times are device
 medians: each of `--reps` repetitions enqueues `--calls` back-to-back calls and divides, so host
-dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input.
-Compile time is the wall time of lowering and compiling fwd+bwd; peak memory is XLA's allocation for
-it (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py);
+dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input,
+the forward and the backward as two compiled programs (`fwd_bwd`: in one, XLA would merge the
+backward's recomputation of a forward kernel with the forward's call, which no model sees).
+Compile time is the wall time of lowering and compiling both; peak memory is XLA's allocation for
+the larger (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py);
 --baseline DIR reads DIR/ops.json, the rows of another tree timed in the same device call
 (benchmarks/ab.sh), and prints its times beside ours as baseline/ours ratios.
 --variants times the GPU kernels' tile variants in env VARIANTS (`variants`: e.g.
@@ -35,7 +37,7 @@ import os
 import time
 import traceback
 import types
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -129,13 +131,13 @@ class Timer:
   def time_op(self, name, backend, inputs, config=None, memory=True):
     fn, names = self.op_fn(name, backend, config)
     args = tuple(inputs[n] for n in names)
-    grad, do, compile_s = fwd_bwd(fn, args)
-    row = dict(compile_s=compile_s)
-    row.update(fwd_ms=self.device_ms(jax.jit(fn), *args), fwdbwd_ms=self.device_ms(grad, do, *args))
+    fb = fwd_bwd(fn, args)
+    row = dict(compile_s=fb.compile_s, fwd_ms=self.device_ms(jax.jit(fn), *args),
+               fwdbwd_ms=self.device_ms(fb.step, fb.do, *args))
     if memory:
-      row["peak_GiB"], error = peak_gib(grad)
-      if error:
-        row["peak_error"] = error
+      row["peak_GiB"] = fb.peak_GiB
+      if fb.peak_error:
+        row["peak_error"] = fb.peak_error
     return row
 
   def trace_op(self, name, backend, inputs, trace_dir, calls=5):
@@ -144,11 +146,10 @@ class Timer:
     from lineax_lm.train.metrics import profile_summary
     fn, names = self.op_fn(name, backend)
     args = tuple(inputs[n] for n in names)
-    grad = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),
-                            argnums=tuple(range(len(args)))))
-    jax.block_until_ready(grad(*args))
+    fb = fwd_bwd(fn, args)
+    jax.block_until_ready(fb.step(fb.do, *args))
     jax.profiler.start_trace(trace_dir)
-    jax.block_until_ready([grad(*args) for _ in range(calls)])
+    jax.block_until_ready([fb.step(fb.do, *args) for _ in range(calls)])
     jax.profiler.stop_trace()
     return profile_summary(trace_dir, calls)
 
@@ -188,17 +189,37 @@ class Timer:
     return {name: self.device_ms(jax.jit(f), *a) for name, (f, a) in stages.items()}
 
 
-def fwd_bwd(fn, args):
-  """The forward+backward a benchmark times: (the compiled gradient of sum(fn(*args) * do) with
-  respect to every input, called as grad(do, *args); do, a fixed random cotangent; its compile
-  seconds). do is an argument, not a constant of the program: XLA would fold its transposes while
-  compiling (seconds at these sizes, in compile_s), work a training step does at run time."""
+class FwdBwd(NamedTuple):
+  """The forward+backward a benchmark times (`fwd_bwd`): `step(do, *args)` runs the forward program,
+  then the backward program on its residuals, and returns the gradients."""
+  step: Callable
+  do: jax.Array
+  compile_s: float
+  peak_GiB: float
+  peak_error: str | None
+
+
+def fwd_bwd(fn, args) -> FwdBwd:
+  """The gradient of sum(fn(*args) * do) with respect to every input, as an autograd framework
+  runs it: the forward one compiled program returning o and its residuals, the backward another
+  taking them and do. In one program XLA merges a kernel the backward runs again (a state pass
+  formed again rather than kept) with the forward's identical call of it: a saving that fla's
+  autograd never makes, nor a model whose layers run under jax.checkpoint (its optimization
+  barriers keep the recomputation apart: the 475M GDN's step runs the state pass twice). Compile time is both programs'; peak memory the larger of the two programs' allocations
+  (arguments + outputs + temporaries, less the aliased). do is an argument, not a constant:
+  XLA would fold its transposes while compiling, work a training step does at run time."""
   o = jax.eval_shape(fn, *args)
   do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
-  loss = lambda do, *a: jnp.sum(fn(*a).astype(jnp.float32) * do)  # noqa: E731
   t0 = time.perf_counter()
-  grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(args) + 1)))).lower(do, *args).compile()
-  return grad, do, time.perf_counter() - t0
+  fwd = jax.jit(lambda *a: jax.vjp(fn, *a)).lower(*args).compile()
+  _, vjp = fwd(*args)
+  bwd = jax.jit(lambda vjp, do: vjp(do)).lower(vjp, do).compile()
+  compile_s = time.perf_counter() - t0
+  del vjp
+  peaks = [peak_gib(c) for c in (fwd, bwd)]
+  error = next((e for _, e in peaks if e), None)
+  return FwdBwd(lambda do, *a: bwd(fwd(*a)[1], do), do, compile_s,
+                max(p for p, _ in peaks) if error is None else float("nan"), error)
 
 
 def peak_gib(compiled) -> tuple[float, str | None]:
