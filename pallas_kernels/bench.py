@@ -17,8 +17,8 @@ step (8x8192) at H=16, K=V=128; on CPU 2x1024 at H=4, K=V=64. Inputs as fla's be
 (`make_inputs`): `--dtype` q, k, v and float32 gates (HGRN: x, g [B, T, H * K]). Times are device
 medians: each of `--reps` repetitions enqueues `--calls` back-to-back calls and divides, so host
 dispatch hides behind device work. fwd+bwd differentiates sum(o * do) with respect to every input,
-the forward and the backward as two compiled programs (`fwd_bwd`: in one, XLA would merge the
-backward's recomputation of a forward kernel with the forward's call, which no model sees).
+the forward and the backward as two compiled programs (`fwd_bwd`: a program that returns only the
+gradients drops the forward's output kernels, which a model and fla's autograd run).
 Compile time is the wall time of lowering and compiling both; peak memory is XLA's allocation for
 the larger (arguments + outputs + temporaries). --fla DIR reads DIR/fla_ops.json (benchmarks/fla_ops.py);
 --baseline DIR reads DIR/ops.json, the rows of another tree timed in the same device call
@@ -202,10 +202,11 @@ class FwdBwd(NamedTuple):
 def fwd_bwd(fn, args) -> FwdBwd:
   """The gradient of sum(fn(*args) * do) with respect to every input, as an autograd framework
   runs it: the forward one compiled program returning o and its residuals, the backward another
-  taking them and do. In one program XLA merges a kernel the backward runs again (a state pass
-  formed again rather than kept) with the forward's identical call of it: a saving that fla's
-  autograd never makes, nor a model whose layers run under jax.checkpoint (its optimization
-  barriers keep the recomputation apart: the 475M GDN's step runs the state pass twice). Compile time is both programs'; peak memory the larger of the two programs' allocations
+  taking them and do. In one program that returns only the gradients, o is dead, and XLA drops
+  every forward kernel that only o needs: the output and the forward's state pass of an op whose
+  backward forms the states again (at K = 256 the gated delta rule's program then launches 7 of
+  its 9 kernels). fla's autograd runs the forward whole, as a model does, whose loss reads o.
+  Compile time is both programs'; peak memory the larger of the two programs' allocations
   (arguments + outputs + temporaries, less the aliased). do is an argument, not a constant:
   XLA would fold its transposes while compiling, work a training step does at run time."""
   o = jax.eval_shape(fn, *args)
