@@ -74,7 +74,9 @@ class ModelConfig:
   # Training: the linear mixers' GPU kernels keep their chunk-start states (and the delta rules'
   # WY factors) for the backward instead of forming them again there (pallas_kernels'
   # Config.keep_states, fla's disable_recompute): one serial pass fewer a layer, more memory (the
-  # 475M GDN at 32,768 tokens: 0.8 GiB a layer)
+  # 475M GDN at 32,768 tokens: 0.8 GiB a layer). Always on under `remat` (any policy but "none"):
+  # the backward recomputes the layer's forward, which then keeps the states that the backward
+  # would otherwise form again, at no more memory (three state passes a layer become two)
   keep_states: bool = False
 
   def __post_init__(self):

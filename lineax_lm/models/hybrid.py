@@ -257,7 +257,10 @@ class HybridLM(nnx.Module):
     ctx = Context(jnp.broadcast_to(positions, (B, L)).astype(jnp.int32), packing, start)
 
     remat = config.remat if config.remat != "none" and cache is None else None
-    keep_states = config.keep_states and cache is None  # a backward only follows training's forward
+    # a backward only follows training's forward. Under remat the backward recomputes each layer's
+    # forward and then forms the same states again: kept by that forward instead, they cost no
+    # memory the backward's own pass would not
+    keep_states = (config.keep_states or remat is not None) and cache is None
     x = self.embed(inputs)
     if self.embed_norm is not None:
       x = self.embed_norm(x)

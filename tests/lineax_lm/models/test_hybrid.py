@@ -146,28 +146,33 @@ def test_keep_states_reaches_every_layers_ops(monkeypatch, scan):
   jax.clear_caches()  # a trace an earlier test left would be reused without entering `recording`
   x = jnp.asarray(tokens((2, 8)))
   outs = []
-  for keep in (False, True):
+  # under remat the backward recomputes each layer's forward: its states are kept whatever the flag
+  for keep, remat in ((False, "none"), (True, "none"), (False, "full")):
     entered.clear()
-    model = HybridLM(tiny_config(num_layers=2, scan_layers=scan, keep_states=keep), nnx.Rngs(0))
+    model = HybridLM(tiny_config(num_layers=2, scan_layers=scan, keep_states=keep, remat=remat),
+                     nnx.Rngs(0))
     outs.append(model(x))
-    assert bool(entered) == keep
+    assert bool(entered) == (keep or remat != "none")
     entered.clear()
     model.generate(np.asarray(tokens((1, 4))), max_new_tokens=2)  # prefill and decode: no backward
     assert not entered
-  np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
+  for out in outs[1:]:
+    np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(out))
 
 
 @pytest.mark.gpu
 def test_keep_states_gives_the_same_gradients_with_the_gpu_kernels():
   x = jnp.asarray(tokens((2, 256)))
   grads = []
-  for keep in (False, True):
-    model = HybridLM(tiny_config(num_layers=2, backend="gpu", keep_states=keep), nnx.Rngs(0))
+  for keep, remat in ((False, "none"), (True, "none"), (False, "full")):  # full: states kept
+    model = HybridLM(tiny_config(num_layers=2, backend="gpu", keep_states=keep, remat=remat),
+                     nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
     grads.append(jax.jit(jax.grad(loss))(state))
-  for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  for other in grads[1:]:
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(other)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -262,3 +267,21 @@ def test_generate_greedy_matches_argmax_and_stops_at_eos():
     model.generate(prompt, 2, temperature=1.0)
   with pytest.raises(ValueError, match="top_p"):
     model.generate(prompt, 2, temperature=1.0, top_p=0.0, rng=jax.random.key(0))
+
+
+def test_under_remat_a_step_forms_each_layers_states_twice():
+  """Under remat the backward recomputes each layer's forward, which keeps the states the backward
+  would otherwise form again (ModelConfig.keep_states): a training step then forms each layer's
+  states twice (its forward and the recomputed one), as without remat, not three times. Counted in
+  the step lowered for CUDA (pallas_kernels.gpu_aot: no GPU needed)."""
+  from pallas_kernels import gpu_aot
+  x = jnp.asarray(tokens((2, 128)))
+
+  def state_passes(**kw):
+    model = HybridLM(tiny_config(num_layers=1, backend="gpu", **kw), nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)  # noqa: E731
+    kernels = gpu_aot.triton_kernels(jax.value_and_grad(loss), state)
+    return sum(k.name == "_state_kernel" for k in kernels)
+
+  assert state_passes(remat="full") == state_passes() == 2
