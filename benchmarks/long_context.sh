@@ -11,7 +11,9 @@
 #      both sides recompute each layer's activations in the backward: remat="full" here, gradient
 #      checkpointing for the torch models; default 65536 on a GPU of more than 100 GB, 32768 below:
 #      at T = 65,536 the 3:1 hybrid peaked at 92.3 GiB without it on the H200, more than an 80 GB
-#      H100 holds), T_LIMIT (seconds per length), STEPS.
+#      H100 holds), T_LIMIT (seconds per length), STEPS, TORCH_UP_TO (the longest T the torch
+#      models run at, default 65536: HF Llama with gradient checkpointing takes minutes a step
+#      beyond it).
 # Each length is one train_step.py call (each preset in a process of its own, torch first), its
 # rows in $OUT/long_T<T>.json; the table at the end puts every length side by side.
 set -u
@@ -26,7 +28,8 @@ remat_above=65536; [ "${gpu_mib:-0}" -lt 100000 ] && remat_above=32768
 for T in ${LENGTHS:-32768 65536 131072}; do
   remat=none; [ "$T" -gt "${REMAT_ABOVE:-$remat_above}" ] && remat=full
   echo "== T=$T remat=$remat"
-  timeout -k 30 "${T_LIMIT:-560}" python3 benchmarks/train_step.py --run_torch --batch 1 --seq "$T" \
+  torch=--run_torch; [ "$T" -gt "${TORCH_UP_TO:-65536}" ] && torch=
+  timeout -k 30 "${T_LIMIT:-560}" python3 benchmarks/train_step.py $torch --batch 1 --seq "$T" \
     --remat "$remat" --steps "${STEPS:-3}" --presets "$PRESETS" --json "$OUT/long_T$T.json" \
     > "$OUT/long_T$T.log" 2>&1 || echo "T=$T rc=$?"
   grep "^|" "$OUT/long_T$T.log" | tail -n 8
