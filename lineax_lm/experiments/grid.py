@@ -277,7 +277,7 @@ def define_flags(fv, argv: list[str]) -> None:
   flags.DEFINE_integer("next", None, "only the next N unfinished cells (after --only), e.g. what "
                        "one time-limited call can finish", lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("parallel", 1, "cells at a time, each in its own process (they share the "
-                       "accelerator: a small cell is mostly compilation on the host)", lower_bound=1,
+                       "accelerator: a small cell's steps leave it mostly idle)", lower_bound=1,
                        flag_values=fv)
   flags.DEFINE_enum("control", "", ["", *CONTROLS], "score this teacher on the RULER-style tasks "
                     "first, the positive control of the recall tables (once per --out and "
