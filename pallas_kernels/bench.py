@@ -212,15 +212,25 @@ def fwd_bwd(fn, args) -> FwdBwd:
   o = jax.eval_shape(fn, *args)
   do = jnp.asarray(np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32), o.dtype)
   t0 = time.perf_counter()
-  fwd = jax.jit(lambda *a: jax.vjp(fn, *a)).lower(*args).compile()
+  fwd = jax.jit(forward_program(fn)).lower(*args).compile()
   _, vjp = fwd(*args)
-  bwd = jax.jit(lambda vjp, do: vjp(do)).lower(vjp, do).compile()
+  bwd = jax.jit(backward_program).lower(vjp, do).compile()
   compile_s = time.perf_counter() - t0
   del vjp
   peaks = [peak_gib(c) for c in (fwd, bwd)]
   error = next((e for _, e in peaks if e), None)
   return FwdBwd(lambda do, *a: bwd(fwd(*a)[1], do), do, compile_s,
                 max(p for p, _ in peaks) if error is None else float("nan"), error)
+
+
+def forward_program(fn):
+  """What `fwd_bwd` compiles first: args -> (o, the residuals as jax.vjp's function, a pytree)."""
+  return lambda *a: jax.vjp(fn, *a)
+
+
+def backward_program(vjp, do):
+  """What `fwd_bwd` compiles second: the residuals and do -> the gradients."""
+  return vjp(do)
 
 
 def peak_gib(compiled) -> tuple[float, str | None]:

@@ -128,3 +128,25 @@ def test_the_forward_runs_whole():
     assert calls == {"forward": forward_calls, "backward": 1}
     np.testing.assert_allclose(grad, fb.do * np.sin(x), rtol=1e-6)
   assert fb.compile_s > 0 and fb.peak_GiB > 0
+
+
+def test_the_timed_programs_launch_what_a_models_step_launches():
+  """The gated delta rule at the 475M model's head dims (K = 256, V = 512), lowered for CUDA on the
+  CPU (pallas_kernels.gpu_aot): the two programs fwd_bwd times launch the 9 kernels a layer of the
+  model's step runs; one program returning only the gradients launches 7, without the forward's
+  state pass and output kernel."""
+  import jax
+  import jax.numpy as jnp
+  from pallas_kernels import gpu_aot
+  inputs = bench.make_inputs(1, 256, 2, 256, 512, jnp.bfloat16)
+  fn, names = bench.Timer().op_fn("gated_delta_rule", "gpu")
+  args = tuple(jax.ShapeDtypeStruct(inputs[n].shape, inputs[n].dtype) for n in names)
+  o, vjp = jax.eval_shape(bench.forward_program(fn), *args)
+  kernels = lambda f, *a: sorted(k.name for k in gpu_aot.triton_kernels(f, *a))  # noqa: E731
+  forward = kernels(bench.forward_program(fn), *args)
+  backward = kernels(bench.backward_program, vjp, o)
+  assert forward == ["_output_kernel", "_state_kernel", "_wy_fwd_kernel"]
+  assert len(forward + backward) == 9 and backward.count("_state_kernel") == 1
+  one_program = kernels(jax.grad(lambda do, *a: jnp.sum(fn(*a) * do), argnums=(1, 2, 3, 4, 5)), o,
+                        *args)
+  assert len(one_program) == 7 and "_output_kernel" not in one_program
