@@ -285,3 +285,24 @@ def test_under_remat_a_step_forms_each_layers_states_twice():
     return sum(k.name == "_state_kernel" for k in kernels)
 
   assert state_passes(remat="full") == state_passes() == 2
+
+
+def test_under_remat_kept_states_cost_no_memory_between_forward_and_backward(monkeypatch, capsys):
+  """What the forward saves for the backward (jax.ad_checkpoint.print_saved_residuals): under
+  remat the same with the states kept (as a model under remat always keeps them) as with them
+  formed again (`states_kept` made a no-op); without remat the kept states are saved too."""
+  from jax.ad_checkpoint import print_saved_residuals
+  x = jnp.asarray(tokens((2, 128)))
+  real = compile_lib.states_kept
+
+  def saved(keep=True, **kw):
+    monkeypatch.setattr(compile_lib, "states_kept",
+                        real if keep else lambda _=True: real(False))
+    jax.clear_caches()  # the layers' shared calls were traced with the other `states_kept`
+    model = HybridLM(tiny_config(num_layers=2, backend="gpu", **kw), nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    print_saved_residuals(lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2), state)
+    return capsys.readouterr().out.splitlines()
+
+  assert saved(remat="full") == saved(keep=False, remat="full")
+  assert len(saved(keep_states=True)) > len(saved(keep=False, keep_states=True))
