@@ -82,6 +82,9 @@ class Config(NamedTuple):
                               # for (one 8-warp program an SM). H100, anchor shape, fwd / fwd+bwd:
                               # 2.146 / 5.534 ms at one stage, 2.369 / 5.620 at two, 2.068 / 5.351
                               # at three (72 KiB of shared memory, no spills)
+  split_scores_fwd: bool = False  # A (with kg) and P (with qg) in two launches of the score
+                                  # kernel, each program holding one [C, C] sum: fewer registers a
+                                  # program (189 for both at 8 warps, sm_90a), more programs an SM
 
 
 DEFAULT = Config()
@@ -89,55 +92,75 @@ DEFAULT = Config()
 # --- 1. the scores by levels ----------------------------------------------------------------------
 
 def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref, *, scale, bk):
-  """Each level's dots summed over the key tiles first, then placed by the level's mask once."""
+  """Each level's dots summed over the key tiles first, then placed by the level's mask once. The
+  scores whose refs are given: A with kg (q_ref, p_ref and qg_ref None), P with qg (b_ref, a_ref
+  and kg_ref None), or both."""
   C, K = k_ref.shape
   dt = k_ref.dtype
   prec = precision(dt)
   n_tiles = K // bk
   tile = lambda i: pl.ds(pl.multiple_of(i * bk, bk), bk)
   zero = jnp.zeros((C, C), F32)
+  want_a, want_p = a_ref is not None, p_ref is not None
 
   def gate_tile(i, qk):
     cols = tile(i)
-    q, k, G = q_ref[:, cols], k_ref[:, cols], g_ref[:, cols]
+    q = q_ref[:, cols] if want_p else None
+    k, G = k_ref[:, cols], g_ref[:, cols]
     # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
-    qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
-    kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
-    return qk + dot_nt(q, k, prec)
+    if want_p:
+      qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
+    if want_a:
+      kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
+    return qk + dot_nt(q, k, prec) if want_p else qk
 
-  P = jnp.where(diagonal(), lax.fori_loop(0, n_tiles, gate_tile, zero), 0.0)
+  diag = lax.fori_loop(0, n_tiles, gate_tile, zero)
   levels = pair_levels()
 
-  def level(s, AP):
-    def key_tile(i, sums):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
+  def level(s, sums):  # sums: (A,) + (P,), those wanted
+    def key_tile(i, acc):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
       cols = tile(i)
       E, _ = level_decay(g_ref[:, cols], reference_rows(g_ref, cols, s), s)
-      qE, kE = q_ref[:, cols].astype(F32) * E, k_ref[:, cols].astype(F32) * E
-      return sums[0] + dot_nt(kE, kE, prec), sums[1] + dot_nt(qE, kE, prec)
+      qE = q_ref[:, cols].astype(F32) * E if want_p else None
+      kE = k_ref[:, cols].astype(F32) * E
+      out = (acc[0] + dot_nt(kE, kE, prec),) if want_a else ()
+      return out + (acc[-1] + dot_nt(qE, kE, prec),) if want_p else out
 
-    kk, qk = lax.fori_loop(0, n_tiles, key_tile, (zero, zero))
+    level_sums = lax.fori_loop(0, n_tiles, key_tile, (zero,) * len(sums))
     pairs = levels == s
-    return jnp.where(pairs, kk, AP[0]), jnp.where(pairs, qk, AP[1])
+    return tuple(jnp.where(pairs, new, old) for new, old in zip(level_sums, sums))
 
-  A, P = over_levels(level, (zero, P))
-  a_ref[...] = A * b_ref[...][:, None]
-  p_ref[...] = (P * scale).astype(p_ref.dtype)
+  sums = over_levels(level, (zero,) * want_a + (jnp.where(diagonal(), diag, 0.0),) * want_p)
+  if want_a:
+    a_ref[...] = sums[0] * b_ref[...][:, None]
+  if want_p:
+    p_ref[...] = (sums[-1] * scale).astype(p_ref.dtype)
 
 
 def _scores_fwd(q, k, G, beta, st: Static):
   """Returns A [B, T, H, C] (float32, strictly lower, beta in), P [B, T, H, C] (lower, the scale
-  in) and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (input dtype)."""
+  in) and the gated scale exp(G) q and exp(G_C - G) k [B, T, H, K] (input dtype): one launch, or
+  two (`Config.split_scores_fwd`)."""
   B, T, H, K = k.shape
   sp = Specs(H, CHUNK, T)
   cfg = st.family_cfg
   bk = min(cfg.bk_scores if cfg.bk_scores_fwd is None else cfg.bk_scores_fwd, K)
   kern = functools.partial(_scores_fwd_kernel, scale=st.scale, bk=bk)
   tok_k, rows = sp.chunk_tok(K), sp.chunk_tok(CHUNK)
-  return launch(kern, (sp.NT, B * H), [tok_k, tok_k, sp.chunk_gate(K), sp.chunk_gate()],
-               [rows, rows, tok_k, tok_k],
-               [sds((B, T, H, CHUNK), F32), sds((B, T, H, CHUNK), k.dtype), sds(k.shape, k.dtype),
-                sds(k.shape, k.dtype)], st, st.family_cfg.warps_scores_fwd,
-               st.family_cfg.stages_scores_fwd)(q, k, G, beta)
+  in_specs = [tok_k, tok_k, sp.chunk_gate(K), sp.chunk_gate()]
+  out_specs = [rows, rows, tok_k, tok_k]
+  out_shape = [sds((B, T, H, CHUNK), F32), sds((B, T, H, CHUNK), k.dtype), sds(k.shape, k.dtype),
+               sds(k.shape, k.dtype)]
+  run = lambda keep_in, keep_out, *args: launch(  # noqa: E731  (None for what a launch omits)
+      kern, (sp.NT, B * H), [x if i in keep_in else None for i, x in enumerate(in_specs)],
+      [x if i in keep_out else None for i, x in enumerate(out_specs)],
+      [x if i in keep_out else None for i, x in enumerate(out_shape)], st, cfg.warps_scores_fwd,
+      cfg.stages_scores_fwd)(*args)
+  if not cfg.split_scores_fwd:
+    return run((0, 1, 2, 3), (0, 1, 2, 3), q, k, G, beta)
+  A, _, _, kg = run((1, 2, 3), (0, 3), None, k, G, beta)
+  _, P, qg, _ = run((0, 1, 2), (1, 2), q, k, G, None)
+  return A, P, qg, kg
 
 
 # --- 2. the WY/UT transform -----------------------------------------------------------------------

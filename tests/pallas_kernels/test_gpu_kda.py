@@ -63,6 +63,15 @@ def test_the_forward_keeps_the_states_interpret(monkeypatch):
                    varlen=True)
 
 
+def test_the_scores_in_two_launches_interpret(monkeypatch):
+  """The forward's score kernel launched twice, A with kg and P with qg
+  (Config.split_scores_fwd), as one launch forms them."""
+  monkeypatch.setitem(kda_gpu.chunk_kda.__kwdefaults__, "config",
+                      kda_gpu.Config(split_scores_fwd=True))
+  harness.check_op(STEEP, T=100, H=2, K=64, V=32, dtype="float32", backend="gpu", interpret=True,
+                   varlen=True)
+
+
 def test_disable_recompute_spares_the_backward_a_state_pass():
   """fla's `disable_recompute=True` keeps the GPU kernels' states for the backward."""
   B, T, H, K, V = 1, 128, 2, 32, 32
