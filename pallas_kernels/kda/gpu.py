@@ -20,7 +20,8 @@ forward
   1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A (float32)
                               and P (input dtype), and the gated qg = scale exp(G) q,
                               kg = exp(G_C - G) k the state passes read (their serial loops then
-                              do no [C, K] exps).
+                              do no [C, K] exps); in one launch, or A with kg and P with qg in
+                              two (`Config.split_scores_fwd`).
   2. `_wy_fwd`                grid (NT, B*H): A's 16 x 16 blocks from HBM, T = (I + A)^-1
                               (float32, by common/gpu/kernel_math's block inverse),
                               w = T (beta exp(G) k), u = T (beta v), in the input dtype.
