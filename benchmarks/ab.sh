@@ -11,8 +11,8 @@
 #   git archive REV pallas_kernels benchmarks/ops.py | (mkdir -p ab_REV && tar x -C ab_REV)
 # copy ab_REV with the checkout and give it as BASE. The baseline runs with this
 # tree's lineax_lm (ops.py's flag parsing) and is timed by this tree's pallas_kernels/bench.py
-# (copied over the baseline's), so the two rows differ by their kernels alone. Writes $OUT/base/ops.json, $OUT/this/ops.json and
-# $OUT/ab.md. Env: T_EACH, seconds each tree's run may take (default 280); PYTHON (python3).
+# (copied over the baseline's), so the two rows differ by their kernels alone. Writes
+# $OUT/base/ops.json, $OUT/this/ops.json and $OUT/ab.md. Env: T_EACH, seconds each tree's run may take (default 280); PYTHON (python3).
 set -u
 OUT=${OUT:-/tmp/out}
 if [ $# -lt 1 ]; then

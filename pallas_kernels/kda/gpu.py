@@ -152,15 +152,15 @@ def _scores_fwd(q, k, G, beta, st: Static):
   out_specs = [rows, rows, tok_k, tok_k]
   out_shape = [sds((B, T, H, CHUNK), F32), sds((B, T, H, CHUNK), k.dtype), sds(k.shape, k.dtype),
                sds(k.shape, k.dtype)]
-  run = lambda keep_in, keep_out, *args: launch(  # noqa: E731  (None for what a launch omits)
-      kern, (sp.NT, B * H), [x if i in keep_in else None for i, x in enumerate(in_specs)],
-      [x if i in keep_out else None for i, x in enumerate(out_specs)],
-      [x if i in keep_out else None for i, x in enumerate(out_shape)], st, cfg.warps_scores_fwd,
+  run = lambda outs, *args: launch(  # noqa: E731  (None for an input or output a launch omits)
+      kern, (sp.NT, B * H), [None if x is None else spec for spec, x in zip(in_specs, args)],
+      [x if i in outs else None for i, x in enumerate(out_specs)],
+      [x if i in outs else None for i, x in enumerate(out_shape)], st, cfg.warps_scores_fwd,
       cfg.stages_scores_fwd)(*args)
   if not cfg.split_scores_fwd:
-    return run((0, 1, 2, 3), (0, 1, 2, 3), q, k, G, beta)
-  A, _, _, kg = run((1, 2, 3), (0, 3), None, k, G, beta)
-  _, P, qg, _ = run((0, 1, 2), (1, 2), q, k, G, None)
+    return run((0, 1, 2, 3), q, k, G, beta)
+  A, _, _, kg = run((0, 3), None, k, G, beta)
+  _, P, qg, _ = run((1, 2), q, k, G, None)
   return A, P, qg, kg
 
 
