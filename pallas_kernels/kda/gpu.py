@@ -76,7 +76,9 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8   # and backward
   bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
   warps_scores: int = 8   # the score-gradient kernel
-  warps_scores_fwd: int = 8  # the score kernel of the forward
+  warps_scores_fwd: int = 4  # the score kernel of the forward (H100, anchor shape, two-program
+                             # timing, fwd / fwd+bwd: 1.768 / 5.433 ms at 4 warps, 2.171 / 6.001
+                             # at 8, 2.799 / 6.488 at 2)
   bk_scores_fwd: int | None = None  # its key tile where it differs from bk_scores (a level's dots
                                     # over fewer, larger tiles)
   stages_scores_fwd: int = 3  # and its pipeline stages: at one each key tile's loads are waited
