@@ -170,9 +170,12 @@ def test_keep_states_gives_the_same_gradients_with_the_gpu_kernels():
     graphdef, state = nnx.split(model)
     loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(x) ** 2)
     grads.append(jax.jit(jax.grad(loss))(state))
+  # One program run twice on an H100 differs by 8e-8 of the largest gradient (the GEMMs' split
+  # reductions are not deterministic); kept states and remat stay within that order (8e-8, 1.3e-7).
   for other in grads[1:]:
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(other)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                 atol=1e-6 * np.abs(np.asarray(a)).max())
 
 
 @pytest.mark.slow
