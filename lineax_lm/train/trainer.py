@@ -10,9 +10,13 @@ workdir resumes bit-for-bit (state, RNG and data iterator) from the newest check
 its checksums (damaged ones are set aside, see checkpoint). A rollback (`train.restore_step` before
 the latest step) sets the later steps aside and trains through them again. A run holds its workdir's
 lock (lineax_lm.train.lock) throughout: a second trainer there refuses, naming the first.
+
+`train_population(configs, workdirs)` trains runs that differ only in their seed as one program
+(a seed axis vmapped over the state and the batches), each member's workdir exactly a lone run's.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -134,11 +138,18 @@ def _freeze(tx, params, trainable):
 # ------------------------------------------------------------------------------ state and steps
 @dataclasses.dataclass
 class Trainer:
-  """Everything jitted for one config on one mesh."""
+  """Everything jitted for one config on one mesh.
+
+  `seeds` non-empty: a population, one run of `config` per seed trained side by side in one
+  program. Its state and batches gain a leading member axis and the steps are `jax.vmap`s of the
+  lone ones: a small model's kernels, too narrow to fill an accelerator, run that many times wider
+  at about the same launch count. `abstract_state`, `member` and `stack` move between a member's
+  (lone) state, which is what each member's checkpoints hold, and the population's."""
   config: object
   model_cfg: ModelConfig
   mesh: jax.sharding.Mesh
   objective: Objective = dataclasses.field(default_factory=Objective)
+  seeds: tuple[int, ...] = ()
 
   def __post_init__(self):
     self.tx = optim.make_optimizer(self.config.train)
@@ -155,25 +166,50 @@ class Trainer:
     opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, param_sh,
                                    transform_non_params=lambda _: sharding.replicated(self.mesh))
     rep = sharding.replicated(self.mesh)
-    self.state_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
-    self.batch_sharding = sharding.batch_sharding(self.mesh)
-    self._jit_init = jax.jit(self._init, out_shardings=self.state_sharding)
-    self.train_step = functools.partial(jax.jit(self._train_step, donate_argnums=0, out_shardings=(
+    self.member_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
+    self._jit_init = jax.jit(self._init, out_shardings=self.member_sharding)
+    self.population = len(self.seeds)
+    if self.population and self.objective.init_params is not None:
+      raise ValueError("a population (`seeds`) starts from random inits: Objective.init_params "
+                       "names one start for every member")
+    stacked = _stacked if self.population else (lambda sh: sh)
+    self.state_sharding = jax.tree_util.tree_map(stacked, self.member_sharding)
+    self.batch_sharding = stacked(sharding.batch_sharding(self.mesh))
+    step, eval_step = self._train_step, self._eval_step
+    if self.population:
+      step, eval_step = self._population_step, self._population_eval_step
+    self.train_step = functools.partial(jax.jit(step, donate_argnums=0, out_shardings=(
         self.state_sharding, rep)), extra=self.objective.extra)
-    self.eval_step = functools.partial(jax.jit(self._eval_step, out_shardings=rep),
+    self.eval_step = functools.partial(jax.jit(eval_step, out_shardings=rep),
                                        extra=self.objective.extra)
 
   def abstract_state(self):
+    """A lone run's (a member's) state, as its checkpoints hold it."""
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        jax.eval_shape(self._init, np.uint32(0), self.abstract_params), self.state_sharding)
+        jax.eval_shape(self._init, np.uint32(0), self.abstract_params), self.member_sharding)
 
   def init(self, params=None):
     """The step-0 state: `params` (default: a random init, one block at a time, see
-    models.hybrid.init_params), fresh optimizer state and the run's RNG key."""
+    models.hybrid.init_params), fresh optimizer state and the run's RNG key; a population's
+    members each from their own seed."""
+    if self.population:
+      return self.stack([self._init_member(seed) for seed in self.seeds])
+    return self._init_member(self.config.seed, params)
+
+  def _init_member(self, seed: int, params=None):
     if params is None:
-      params = init_params(self.model_cfg, self.config.seed, self.state_sharding["params"])
-    return self._jit_init(np.uint32(self.config.seed), params)
+      params = init_params(self.model_cfg, seed, self.member_sharding["params"])
+    return self._jit_init(np.uint32(seed), params)
+
+  def member(self, state, i: int):
+    """Member `i`'s state out of a population's."""
+    return jax.tree_util.tree_map(lambda x: x[i], state)
+
+  def stack(self, members: list):
+    """A population's state from its members' (in `seeds` order)."""
+    return jax.tree_util.tree_map(lambda sh, *x: jax.device_put(jnp.stack(x), sh),
+                                  self.state_sharding, *members)
 
   def _init(self, seed, params):
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
@@ -224,20 +260,46 @@ class Trainer:
     return new, dict(loss=loss, grad_norm=grad_norm, accuracy=correct / n, lr=self.schedule(state["step"]),
                      ok=ok)
 
+  def _population_step(self, state, batch, extra=None):
+    """Every member's `_train_step` at once. A non-finite step of any member leaves every member
+    unchanged (`ok` is the population's), so the members stay at one step, as the loop and the
+    checkpoints count them; `member_ok` says which failed."""
+    new, m = jax.vmap(self._train_step, in_axes=(0, 0, None))(state, batch, extra)
+    ok = jnp.all(m["ok"])
+    new = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, state)
+    return new, dict(m, ok=ok, member_ok=m["ok"])
+
+  def _population_eval_step(self, params, batch, extra=None):
+    """Every member's `_eval_step` on the same batch."""
+    return jax.vmap(self._eval_step, in_axes=(0, None, None))(params, batch, extra)
+
   def _eval_step(self, params, batch, extra=None):
     loss_sum, (correct, count) = self._sums(params, batch, extra)
     return dict(loss_sum=loss_sum, correct=correct, count=count)
 
   def put_batch(self, batch: dict):
-    """Process-local numpy batch -> global arrays sharded over the batch axes."""
+    """Process-local numpy batch -> global arrays sharded over the batch axes (a population's:
+    each member's batch stacked, [members, B, T])."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
             for k, v in batch.items()}
 
-  def evaluate(self, params, batches) -> dict:
-    sums = [self.eval_step(params, self.put_batch(b)) for b in batches]
-    tot = {k: float(sum(s[k] for s in sums)) for k in ("loss_sum", "correct", "count")}
-    n = max(tot["count"], 1.0)
-    return dict(eval_loss=tot["loss_sum"] / n, eval_accuracy=tot["correct"] / n)
+  def evaluate(self, params, batches):
+    """Held-out loss and accuracy: a dict, or a population's list of one dict per member (every
+    member on the same batches)."""
+    lone = sharding.batch_sharding(self.mesh)
+    sums = [self.eval_step(params, {k: jax.make_array_from_process_local_data(lone, np.asarray(v))
+                                    for k, v in b.items()}) for b in batches]
+    def one(i=None):
+      tot = {k: float(sum(np.asarray(s[k]) if i is None else np.asarray(s[k])[i] for s in sums))
+             for k in ("loss_sum", "correct", "count")}
+      n = max(tot["count"], 1.0)
+      return dict(eval_loss=tot["loss_sum"] / n, eval_accuracy=tot["correct"] / n)
+    return [one(i) for i in range(self.population)] if self.population else one()
+
+
+def _stacked(sh):
+  """A member's sharding with a leading (unsharded) member axis."""
+  return jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(None, *sh.spec))
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -290,32 +352,35 @@ def _finish_profile(state, step: int, steps: int, started: float, workdir: str):
 
 def _stop_non_finite(mngr, step: int, state, data_iter, config, m: dict, workdir: str):
   """Raises TrainingStopped for a non-finite step `step + 1`, after logging the diagnosis (first,
-  so that a failing save cannot hide it) and making sure the unchanged `state` is on disk: a step
-  saved just before (periodically, or the restored one) already holds it. Only a step that passes
-  its checksums is named the last good state: one restored unverified may be what went wrong."""
+  so that a failing save cannot hide it) and making sure the unchanged `state` is on disk."""
   diagnosis = (f"non-finite loss or gradient at step {step + 1} (loss={float(m['loss'])}, "
                f"grad_norm={float(m['grad_norm'])})")
   log.error("%s; training stops", diagnosis)
+  where = _keep_last_good(mngr, step, state, data_iter, config, diagnosis)
+  raise TrainingStopped(f"{diagnosis}; {where} in {workdir}/checkpoints")
+
+
+def _keep_last_good(mngr, step: int, state, data_iter, config, diagnosis: str) -> str:
+  """Makes sure `state`, the last good state, is on disk as `step` and says where it is: a step
+  saved just before (periodically, or the restored one) already holds it. Only a step that passes
+  its checksums is named the last good state: one restored unverified may be what went wrong."""
   if step in mngr.all_steps():
     mngr.seal()  # a step this run saved is verified once sealed; one it restored unverified is not
     if checkpoint.verify(mngr, step) is None:
-      where = f"step {step}, checkpointed before this step, holds the last good state"
-    else:
-      newest = next((s for s in sorted(mngr.all_steps(), reverse=True)
-                     if checkpoint.verify(mngr, s) is None), None)
-      where = (f"step {step}, the state before this step, was restored without "
-               f"{checkpoint.CHECKSUMS} and may itself be damaged; "
-               + (f"the newest verified step is {newest} (--config.train.restore_step={newest})"
-                  if newest is not None else "no step is verified"))
-  else:
-    try:
-      checkpoint.save(mngr, step, state, data_iter, config)
-      mngr.seal()
-    except Exception as e:
-      raise TrainingStopped(f"{diagnosis}; saving the last good state as step {step} failed "
-                            f"({type(e).__name__}: {e})") from e
-    where = f"the last good state is saved as step {step}"
-  raise TrainingStopped(f"{diagnosis}; {where} in {workdir}/checkpoints")
+      return f"step {step}, checkpointed before this step, holds the last good state"
+    newest = next((s for s in sorted(mngr.all_steps(), reverse=True)
+                   if checkpoint.verify(mngr, s) is None), None)
+    return (f"step {step}, the state before this step, was restored without "
+            f"{checkpoint.CHECKSUMS} and may itself be damaged; "
+            + (f"the newest verified step is {newest} (--config.train.restore_step={newest})"
+               if newest is not None else "no step is verified"))
+  try:
+    checkpoint.save(mngr, step, state, data_iter, config)
+    mngr.seal()
+  except Exception as e:
+    raise TrainingStopped(f"{diagnosis}; saving the last good state as step {step} failed "
+                          f"({type(e).__name__}: {e})") from e
+  return f"the last good state is saved as step {step}"
 
 
 def use_compilation_cache(folder: str) -> None:
@@ -333,91 +398,190 @@ def use_compilation_cache(folder: str) -> None:
 def train_and_evaluate(config, workdir: str, objective: Objective | None = None) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns final metrics.
   `objective`: another loss / start / frozen set / dataset (see Objective); None: plain training."""
+  return _train_runs([config], [workdir], objective)[0]
+
+
+def train_population(configs: list, workdirs: list[str], objective: Objective | None = None) -> list[dict]:
+  """Trains configs that differ only in `seed` side by side in one program (Trainer's `seeds`),
+  each in its own workdir exactly as `train_and_evaluate` would: its checkpoints, data position and
+  metrics are a lone run's, so either can resume the other's run. Returns each run's metrics.
+  A population resumes from the newest step every member has saved (`train.restore_step` names
+  another); a non-finite step of one member stops them all."""
+  if len(configs) != len(workdirs) or not configs:
+    raise ValueError(f"train_population: {len(configs)} configs for {len(workdirs)} workdirs")
+  config = configs[0]
+  for c, w in zip(configs[1:], workdirs[1:]):
+    if _without_seed(c) != _without_seed(config):
+      raise ValueError(f"train_population: the config of {w} differs from that of {workdirs[0]} in "
+                       "more than its seed; a population shares everything else")
+  if len(set(workdirs)) != len(workdirs) or len({c.seed for c in configs}) != len(configs):
+    raise ValueError(f"train_population: every member needs its own workdir and seed; got "
+                     f"{workdirs} with seeds {[c.seed for c in configs]}")
+  return _train_runs(configs, workdirs, objective)
+
+
+def _train_runs(configs: list, workdirs: list[str], objective: Objective | None) -> list[dict]:
+  config = configs[0]
   use_compilation_cache(config.train.get("compilation_cache", ""))
   mesh = sharding.make_mesh(config.mesh)
   model_cfg = validate_config(config, mesh)
-  storage.as_path(workdir).mkdir(parents=True, exist_ok=True)  # local or gs://
-  with lock.WorkdirLock(workdir):  # one trainer per workdir
-    return _train(config, workdir, objective, mesh, model_cfg)
+  with contextlib.ExitStack() as locks:
+    for w in workdirs:
+      storage.as_path(w).mkdir(parents=True, exist_ok=True)  # local or gs://
+      locks.enter_context(lock.WorkdirLock(w))  # one trainer per workdir
+    return _train(configs, workdirs, objective, mesh, model_cfg)
 
 
-def _train(config, workdir: str, objective: Objective | None, mesh, model_cfg: ModelConfig) -> dict:
-  t = config.train
+def _without_seed(config) -> dict:
+  tree = config.to_dict()
+  tree.pop("seed", None)
+  return tree
+
+
+def _restore(trainer, mngrs, data_iters, configs, workdirs) -> tuple[Any, int]:
+  """The state to start from and its step: each member's newest intact checkpoint (a population:
+  the newest step all members hold), or a fresh init where no member has one. Later steps of a
+  rollback are set aside (not deleted), since this run trains through them again."""
+  t = configs[0].train
+  if all(m.latest_step() is None for m in mngrs):
+    for m in mngrs:
+      checkpoint.check_fresh_start(m, t.restore_step)
+    init = trainer.objective.init_params
+    return trainer.init(None if init is None else init()), 0
+  want = t.restore_step if t.restore_step >= 0 else None
+  if trainer.population and want is None:
+    common = set.intersection(*(set(m.all_steps()) for m in mngrs))
+    if not common:
+      raise checkpoint.CheckpointError(
+          "the population's workdirs hold no checkpoint step in common ("
+          + "; ".join(f"{w}: {sorted(m.all_steps())}" for w, m in zip(workdirs, mngrs))
+          + "): resume them one by one (train_and_evaluate), or start the population afresh")
+    want = max(common)
+  members, steps = [], []
+  for m, it, c, w in zip(mngrs, data_iters, configs, workdirs):
+    state, step = checkpoint.restore(m, trainer.abstract_state(), it, step=want, config=c,
+                                     set_aside_damaged=True)
+    log.info("resumed from step %d in %s", step, w)
+    if step < t.steps and max(m.all_steps()) > step:
+      moved = checkpoint.set_aside_after(m, step, f"rolled-back-to-{step}")
+      log.warning("restored step %d, before the latest checkpoint: this run trains through the "
+                  "later steps again, so their checkpoints were moved aside (not deleted): %s",
+                  step, ", ".join(moved))
+    members.append(state)
+    steps.append(step)
+  if not trainer.population:
+    return members[0], steps[0]
+  return trainer.stack(members), steps[0]
+
+
+def _train(configs, workdirs, objective: Objective | None, mesh, model_cfg: ModelConfig) -> list[dict]:
+  config, t = configs[0], configs[0].train
   objective = objective or Objective()
   dataset = objective.dataset or make_dataset
+  seeds = tuple(c.seed for c in configs) if len(configs) > 1 else ()
   # outside set_mesh: eval_shape would read logical names as mesh axes
-  trainer = Trainer(config, model_cfg, mesh, objective)
+  trainer = Trainer(config, model_cfg, mesh, objective, seeds)
+  members = range(len(configs))
   with jax.set_mesh(mesh):
     # The next batch is packed in a background thread while the device runs the current step (the
     # loop waits for each step's `ok`); grain keeps each batch's iterator state, so a checkpoint
     # records the position of the batches consumed, not of those fetched ahead.
-    data_iter = grain.experimental.ThreadPrefetchDatasetIterator(
-        dataset(config.data, seed=config.seed, process_index=jax.process_index(),
-                process_count=jax.process_count()), 1)
-    mngr = checkpoint.manager(workdir, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
-    if mngr.latest_step() is not None:
-      state, step = checkpoint.restore(mngr, trainer.abstract_state(), data_iter,
-                                       step=t.restore_step if t.restore_step >= 0 else None,
-                                       config=config, set_aside_damaged=True)
-      log.info("resumed from step %d in %s", step, workdir)
-      if step < t.steps and max(mngr.all_steps()) > step:  # a rollback: it saves those steps again
-        moved = checkpoint.set_aside_after(mngr, step, f"rolled-back-to-{step}")
-        log.warning("restored step %d, before the latest checkpoint: this run trains through the "
-                    "later steps again, so their checkpoints were moved aside (not deleted): %s",
-                    step, ", ".join(moved))
-    else:
-      checkpoint.check_fresh_start(mngr, t.restore_step)
-      state = trainer.init(None if objective.init_params is None else objective.init_params())
-    step = int(state["step"])
-    log.info("model: %s, %.1fM parameters, mesh %s", model_cfg.mixer, trainer.num_params / 1e6,
-             dict(mesh.shape))
-    evals = eval_batches(config, dataset)
-    writer = metrics_lib.MetricsWriter(workdir, t.steps, start_step=step)
-    peak = metrics_lib.peak_flops_per_device()
-    tokens_per_step = config.data.global_batch_size * config.data.seq_len
-    summary, window_start, window_steps = {}, time.perf_counter(), 0
+    data_iters = [grain.experimental.ThreadPrefetchDatasetIterator(
+        dataset(c.data, seed=c.seed, process_index=jax.process_index(),
+                process_count=jax.process_count()), 1) for c in configs]
+    mngrs = [checkpoint.manager(w, keep=t.keep_checkpoints, async_save=t.async_checkpointing)
+             for w in workdirs]
+    writers = []
     try:
+      state, step = _restore(trainer, mngrs, data_iters, configs, workdirs)
+      step = int(step)
+      log.info("model: %s, %.1fM parameters, mesh %s%s", model_cfg.mixer, trainer.num_params / 1e6,
+               dict(mesh.shape), f", seeds {list(seeds)} as one population" if seeds else "")
+      evals = eval_batches(config, dataset)
+      writers = [metrics_lib.MetricsWriter(w, t.steps, start_step=step) for w in workdirs]
+      peak = metrics_lib.peak_flops_per_device()
+      tokens_per_step = config.data.global_batch_size * config.data.seq_len
+      summaries, window_start, window_steps = [{} for _ in members], time.perf_counter(), 0
+
+      def save(step):
+        for i in members:
+          checkpoint.save(mngrs[i], step, trainer.member(state, i) if seeds else state,
+                          data_iters[i], configs[i])
+
+      def evaluate():
+        scores = trainer.evaluate(state["params"], evals)
+        for i in members:
+          summaries[i].update(scores[i] if seeds else scores)
+
       with _StopSignal() as stop:
         while step < t.steps:
           if t.profile_steps and step == t.profile_start:
-            jax.profiler.start_trace(os.path.join(workdir, "profile"))
+            jax.profiler.start_trace(os.path.join(workdirs[0], "profile"))
             profile_start = time.perf_counter()
-          new_state, m = trainer.train_step(state, trainer.put_batch(next(data_iter)))
+          batches = [next(it) for it in data_iters]
+          batch = batches[0] if not seeds else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+          new_state, m = trainer.train_step(state, trainer.put_batch(batch))
           if not bool(m["ok"]):
             state = new_state  # unchanged by the step: the last good state
-            _stop_non_finite(mngr, step, state, data_iter, config, m, workdir)
+            if not seeds:
+              _stop_non_finite(mngrs[0], step, state, data_iters[0], config, m, workdirs[0])
+            _stop_population(trainer, mngrs, step, state, data_iters, configs, m, workdirs)
           state, step, window_steps = new_state, step + 1, window_steps + 1
-          writer.advance()
+          for w in writers:
+            w.advance()
           if t.profile_steps and step == t.profile_start + t.profile_steps:
-            _finish_profile(state, step, t.profile_steps, profile_start, workdir)
+            _finish_profile(state, step, t.profile_steps, profile_start, workdirs[0])
           if step % t.log_every == 0 or step == t.steps:
             jax.block_until_ready(m)
             elapsed = time.perf_counter() - window_start
-            summary = {k: float(v) for k, v in m.items() if k != "ok"}
-            summary["tokens_per_s"] = window_steps * tokens_per_step / elapsed
-            if peak:
-              summary["mfu"] = 6 * trainer.num_params * summary["tokens_per_s"] / (peak * jax.device_count())
-            summary["memory_gib"] = metrics_lib.device_memory_gib()
-            writer.write(step, summary)
+            for i in members:
+              summary = {k: float(v[i] if seeds else v) for k, v in m.items()
+                         if k not in ("ok", "member_ok")}
+              summary["tokens_per_s"] = window_steps * tokens_per_step / elapsed
+              if peak:
+                summary["mfu"] = (6 * trainer.num_params * summary["tokens_per_s"]
+                                  / (peak * jax.device_count()))
+              summary["memory_gib"] = metrics_lib.device_memory_gib()
+              summaries[i] = summary
+              writers[i].write(step, summary)
             window_start, window_steps = time.perf_counter(), 0
           if evals and (step % config.eval.every == 0 or step == t.steps):
-            summary.update(trainer.evaluate(state["params"], evals))
-            writer.write(step, {k: v for k, v in summary.items() if k.startswith("eval_")})
+            evaluate()
+            for i in members:
+              writers[i].write(step, {k: v for k, v in summaries[i].items() if k.startswith("eval_")})
           requested = distributed.agree_on_stop(stop.requested)  # every host stops at one step
           if step % t.checkpoint_every == 0 or step == t.steps or requested:
-            checkpoint.save(mngr, step, state, data_iter, config)
+            save(step)
           if requested:
             log.warning("%s received: saved step %d in %s; rerun the same command to resume",
-                        requested, step, workdir)
-            summary["stopped_by"] = requested
+                        requested, step, ", ".join(workdirs))
+            for s in summaries:
+              s["stopped_by"] = requested
             break
-      if evals and "eval_accuracy" not in summary:  # a finished run restarted: report it anyway
-        summary.update(trainer.evaluate(state["params"], evals))
+      if evals and "eval_accuracy" not in summaries[0]:  # a finished run restarted: report it anyway
+        evaluate()
     finally:
-      mngr.seal()
-      mngr.close()
-      data_iter.close()
-      writer.close()
-  summary["step"] = step
-  summary["num_params"] = trainer.num_params
-  return summary
+      for mngr in mngrs:
+        mngr.seal()
+        mngr.close()
+      for it in data_iters:
+        it.close()
+      for w in writers:
+        w.close()
+  for s in summaries:
+    s["step"] = step
+    s["num_params"] = trainer.num_params
+  return summaries
+
+
+def _stop_population(trainer, mngrs, step: int, state, data_iters, configs, m: dict, workdirs):
+  """`_stop_non_finite` for a population: every member's unchanged state kept, the members whose
+  step was non-finite named."""
+  bad = [f"seed {c.seed} (loss={float(loss)}, grad_norm={float(norm)})"
+         for c, ok, loss, norm in zip(configs, np.asarray(m["member_ok"]), np.asarray(m["loss"]),
+                                      np.asarray(m["grad_norm"])) if not ok]
+  diagnosis = f"non-finite loss or gradient at step {step + 1} in {', '.join(bad)}"
+  log.error("%s; the population stops", diagnosis)
+  where = [f"{w}/checkpoints: " + _keep_last_good(mngr, step, trainer.member(state, i), it, c, diagnosis)
+           for i, (mngr, it, c, w) in enumerate(zip(mngrs, data_iters, configs, workdirs))]
+  raise TrainingStopped(f"{diagnosis}; " + "; ".join(where))
