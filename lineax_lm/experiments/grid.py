@@ -89,22 +89,53 @@ def train_cell(config, run_dir: str) -> dict:
   return raise_if_interrupted(train_and_evaluate(config, run_dir), run_dir)
 
 
+def train_seeds(configs: list, run_dirs: list[str]) -> list[dict]:
+  """The runs of one cell's seeds as one population (trainer.train_population: one program, the
+  seeds vmapped); one run alone, or a run already started beside fresh ones, trains by itself
+  (`train_cell`): a population resumes only from a step all its members hold."""
+  from lineax_lm.train.trainer import raise_if_interrupted, train_population
+  started = [os.path.isdir(os.path.join(d, "checkpoints")) for d in run_dirs]
+  if len(configs) == 1 or (any(started) and not all(started)):
+    return [train_cell(c, d) for c, d in zip(configs, run_dirs)]
+  return [raise_if_interrupted(s, d) for s, d in zip(train_population(configs, run_dirs), run_dirs)]
+
+
 def run_cell(cell: dict, size, out: str) -> dict:
   """Trains and scores one cell unless its result.json exists with the cell's fingerprint (a cell
   folder of another config is set aside first, `set_aside_if_stale`); returns the result."""
+  return run_seeds([cell], size, out)[0]
+
+
+def run_seeds(cells: list[dict], size, out: str) -> list[dict]:
+  """`run_cell` for one cell at several seeds: those without a result train together
+  (`train_seeds`), then each is scored; returns their results in order."""
+  results, todo = {}, []
+  for cell in cells:
+    path = result_path(out, cell)
+    set_aside_if_stale(out, cell)
+    if os.path.exists(path):
+      with open(path) as f:
+        results[cell["name"]] = json.load(f)
+      continue
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    report.write_atomically(os.path.join(os.path.dirname(path), FINGERPRINT_FILE),
+                            lambda f, cell=cell: f.write(cell["config_fingerprint"] + "\n"))
+    todo.append(cell)
+  if todo:
+    start = time.time()
+    run_dirs = [os.path.join(os.path.dirname(result_path(out, c)), "run") for c in todo]
+    summaries = train_seeds([c["config"] for c in todo], run_dirs)
+    train_seconds = round(time.time() - start, 1)
+    for cell, run_dir, summary in zip(todo, run_dirs, summaries):
+      results[cell["name"]] = _score(cell, size, out, run_dir, summary, start, train_seconds)
+  return [results[c["name"]] for c in cells]
+
+
+def _score(cell: dict, size, out: str, run_dir: str, summary: dict, start: float,
+           train_seconds: float) -> dict:
+  """A trained cell's result.json: its training summary, scores and timings."""
   path = result_path(out, cell)
   cell_dir = os.path.dirname(path)
-  set_aside_if_stale(out, cell)
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  os.makedirs(cell_dir, exist_ok=True)
-  report.write_atomically(os.path.join(cell_dir, FINGERPRINT_FILE),
-                          lambda f: f.write(cell["config_fingerprint"] + "\n"))
-  start = time.time()
-  run_dir = os.path.join(cell_dir, "run")
-  summary = train_cell(cell["config"], run_dir)
-  train_seconds = round(time.time() - start, 1)
   if summary.get("loss") is None:  # trained to the end before (stopped while scored): its log has it
     from lineax_lm.train.metrics import read_rows
     logged = [r for r in read_rows(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
@@ -128,10 +159,22 @@ def run_cell(cell: dict, size, out: str) -> dict:
   return result
 
 
+def seed_groups(cells: list[dict]) -> list[list[dict]]:
+  """`cells` (in grid order, a cell's seeds together) grouped by cell: the runs that differ only in
+  their seed."""
+  groups = []
+  for c in cells:
+    if groups and (groups[-1][0]["mixer"], groups[-1][0]["ratio"]) == (c["mixer"], c["ratio"]):
+      groups[-1].append(c)
+    else:
+      groups.append([c])
+  return groups
+
+
 def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = None, overrides=(),
              progress: bool = True, accelerator: bool | None = None, parallel: int = 1,
              argv: list[str] | None = None, next_cells: int | None = None,
-             control: str = "") -> list[dict]:
+             control: str = "", population: bool = False) -> list[dict]:
   """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
   `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data).
   `next_cells`: only the first that many unfinished cells (in the grid's order), e.g. as many as
@@ -139,7 +182,8 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   `parallel` > 1: each unfinished cell in a process of its own (`--only <cell>`, the rest of the
   command line `argv` unchanged), that many at a time (`lineax_lm.jobs`); its log in
   `cells/<cell>/cell.log`. `control`: a teacher of CONTROLS scored first (`score_control`) unless
-  `<out>/control.json` holds it."""
+  `<out>/control.json` holds it. `population`: a cell's seeds train together (`train_seeds`), in
+  one process with `parallel` (the log in the first seed's folder)."""
   from tqdm import tqdm
   size = sizes_lib.get_size(size_name)
   os.makedirs(out, exist_ok=True)
@@ -162,12 +206,14 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),
                     [dict({k: v for k, v in c.items() if k != "config"}, config=c["config"].to_dict())
                      for c in cells])
+  group = seed_groups if population else (lambda cs: [[c] for c in cs])
   if parallel > 1:
-    run_cells_in_processes([c for c in cells if not finished(out, c)], out, corpus, parallel, argv)
-  bar = tqdm(cells, unit="cell", disable=not progress, dynamic_ncols=True)
-  for cell in bar:
-    bar.set_description(cell["name"])
-    result = run_cell(cell, size, out)
+    run_cells_in_processes(group([c for c in cells if not finished(out, c)]), out, corpus,
+                           parallel, argv)
+  bar = tqdm(group(cells), unit="cell", disable=not progress, dynamic_ncols=True)
+  for seeds in bar:
+    bar.set_description(seeds[0]["name"] + (f" x{len(seeds)} seeds" if len(seeds) > 1 else ""))
+    result = run_seeds(seeds, size, out)[-1]
     bar.set_postfix(bpb=f"{result['heldout_bits_per_byte']:.3f}",
                     ruler=f"{result['ruler_mean']:.3f}" if result.get("ruler_mean") is not None else "-")
     write_outputs(load_results(out), out)
@@ -219,19 +265,22 @@ def score_curves(size_name: str, out: str, only: str = "", progress: bool = True
       score_needle_curve(cell_dir, size, progress)
 
 
-def run_cells_in_processes(cells: list[dict], out: str, corpus: str, parallel: int,
+def run_cells_in_processes(groups: list[list[dict]], out: str, corpus: str, parallel: int,
                            argv: list[str] | None) -> None:
-  """`cells`, each by `python -m lineax_lm.experiments.grid --only <cell>` in its own process, at
-  most `parallel` at a time. A signal stops them (they save) and raises trainer.Interrupted."""
+  """Each group of cells by `python -m lineax_lm.experiments.grid --only <cell>,...` in its own
+  process, at most `parallel` at a time. A signal stops them (they save) and raises
+  trainer.Interrupted."""
   from lineax_lm import jobs
   from lineax_lm.train.trainer import Interrupted
   base = [sys.executable, "-m", "lineax_lm.experiments.grid"] + jobs.without_flags(
       sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--corpus", "--next"))
   base += ["--corpus", corpus]              # the one the parent resolved (or made, for `tiny`)
   commands = {}
-  for c in cells:
-    os.makedirs(os.path.dirname(result_path(out, c)), exist_ok=True)
-    commands[c["name"]] = base + ["--only", sizes_lib.cell_flag(c["mixer"], c["ratio"], c["seed"])]
+  for cells in groups:
+    for c in cells:
+      os.makedirs(os.path.dirname(result_path(out, c)), exist_ok=True)
+    commands[cells[0]["name"]] = base + ["--only", ",".join(
+        sizes_lib.cell_flag(c["mixer"], c["ratio"], c["seed"]) for c in cells)]
   try:
     failed = jobs.run_parallel(commands, parallel,
                                lambda name: os.path.join(out, "cells", name, "cell.log"))
@@ -279,6 +328,9 @@ def define_flags(fv, argv: list[str]) -> None:
   flags.DEFINE_integer("parallel", 1, "cells at a time, each in its own process (they share the "
                        "accelerator: a small cell's steps leave it mostly idle)", lower_bound=1,
                        flag_values=fv)
+  flags.DEFINE_bool("population", False, "train a cell's seeds together, one program with the "
+                    "seeds vmapped (a small cell's kernels leave the accelerator mostly idle); "
+                    "each seed's run folder is its lone run's", flag_values=fv)
   flags.DEFINE_enum("control", "", ["", *CONTROLS], "score this teacher on the RULER-style tasks "
                     "first, the positive control of the recall tables (once per --out and "
                     "evaluation settings; with --tables: only that)", flag_values=fv)
@@ -327,7 +379,8 @@ def main(argv=None) -> int:
   from lineax_lm.train.trainer import Interrupted
   try:
     run_grid(a.size, a.out, only=a.only, corpus=a.corpus, overrides=overrides,
-             parallel=a.parallel, argv=argv, next_cells=a.next, control=a.control)
+             parallel=a.parallel, argv=argv, next_cells=a.next, control=a.control,
+             population=a.population)
   except Interrupted as e:
     print(f"grid stopped: {e}", file=sys.stderr)
     return 1

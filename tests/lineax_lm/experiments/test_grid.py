@@ -1,6 +1,7 @@
 """The grid command: a 2-cell tiny grid trains (a process a cell), scores and writes its tables; a rerun skips the
 finished cells (their result.json), an unfinished cell resumes from its checkpoint, and a signal
 stops the grid with trainer.Interrupted before the cell's result is written."""
+import dataclasses
 import json
 import os
 
@@ -107,14 +108,15 @@ def test_next_runs_only_the_first_unfinished_cells(tmp_path, monkeypatch):
   out = str(tmp_path / "g")
   ran = []
 
-  def run_cell(cell, size, out_dir):  # a finished cell: its result.json under its fingerprint
-    ran.append(cell["name"])
-    os.makedirs(os.path.dirname(cells.result_path(out_dir, cell)), exist_ok=True)
-    with open(cells.result_path(out_dir, cell), "w") as f:
-      json.dump(dict(name=cell["name"], config_fingerprint=cell["config_fingerprint"]), f)
-    return dict(heldout_bits_per_byte=2.0)
+  def run_seeds(seeds, size, out_dir):  # finished cells: each result.json under its fingerprint
+    for cell in seeds:
+      ran.append(cell["name"])
+      os.makedirs(os.path.dirname(cells.result_path(out_dir, cell)), exist_ok=True)
+      with open(cells.result_path(out_dir, cell), "w") as f:
+        json.dump(dict(name=cell["name"], config_fingerprint=cell["config_fingerprint"]), f)
+    return [dict(heldout_bits_per_byte=2.0)] * len(seeds)
 
-  monkeypatch.setattr(grid, "run_cell", run_cell)
+  monkeypatch.setattr(grid, "run_seeds", run_seeds)
   monkeypatch.setattr(grid, "write_outputs", lambda results, out_dir: "")
   args = dict(only="hgrn,gla:6:1", corpus=cells.default_corpus(sizes.get_size("small")),
               progress=False, accelerator=False)
@@ -144,3 +146,28 @@ def test_config_overrides_reach_every_cell_and_bad_ones_say_which(tmp_path, monk
     assert "\n" not in str(e.value.code)
   with pytest.raises(SystemExit, match="flag --size=None"):
     grid.main(["--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_a_cells_seeds_train_as_one_population(tmp_path, monkeypatch):
+  """`--population`: the seeds of a cell train in one program (trainer.train_population), and each
+  seed's folder, result and scores are its own; seeds already finished are skipped."""
+  monkeypatch.setitem(sizes.SIZES, "tiny", dataclasses.replace(sizes.get_size("tiny"), seeds=(0, 1, 2)))
+  populations = []
+  real = trainer.train_population
+  monkeypatch.setattr(trainer, "train_population", lambda configs, run_dirs: populations.append(
+      [c.seed for c in configs]) or real(configs, run_dirs))
+  out = str(tmp_path / "g")
+  args = dict(only="gated_deltanet:3:1@0,gated_deltanet:3:1@2", progress=False, accelerator=False,
+              population=True)
+  results = grid.run_grid("tiny", out, **args)
+  assert populations == [[0, 2]]
+  assert [r["name"] for r in results] == ["gated_deltanet_3-1", "gated_deltanet_3-1_s2"]
+  assert all(r["steps"] == 6 and r["heldout_bits_per_byte"] > 0 for r in results)
+  assert results[0]["train_loss"] != results[1]["train_loss"]   # two seeds, two runs
+  args["only"] = "gated_deltanet:3:1"   # seed 1 is new: it trains alone, the others are skipped
+  monkeypatch.setattr(grid, "train_cell", lambda config, run_dir: populations.append(config.seed)
+                      or trainer.train_and_evaluate(config, run_dir))
+  again = grid.run_grid("tiny", out, **args)
+  assert populations == [[0, 2], 1] and [r["name"] for r in again] == [
+      "gated_deltanet_3-1", "gated_deltanet_3-1_s1", "gated_deltanet_3-1_s2"]
