@@ -105,13 +105,18 @@ def _pyplot():
 
 
 def line_plot(rows: Sequence[dict], *, x: str, y: str, group: str, path: str, title: str = "",
-              logx: bool = False, ylim=None) -> str:
-  """One line per distinct `group` value of y against x; saved as a PNG at `path`."""
+              logx: bool = False, ylim=None, err: str | None = None) -> str:
+  """One line per distinct `group` value of y against x; saved as a PNG at `path`. `err`: the key
+  of each point's error-bar half-width (None or absent: no bar)."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
   for g in dict.fromkeys(r[group] for r in rows):
-    pts = sorted((r[x], r[y]) for r in rows if r[group] == g and r[y] is not None)
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=str(g))
+    pts = sorted((r[x], r[y], (r.get(err) if err else None) or 0.0)
+                 for r in rows if r[group] == g and r[y] is not None)
+    line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=str(g))
+    if any(p[2] for p in pts):
+      ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt="none",
+                  ecolor=line.get_color(), capsize=3)
   if logx:
     ax.set_xscale("log", base=2)
   if ylim:

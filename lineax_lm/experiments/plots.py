@@ -19,22 +19,38 @@ SHARE_PLOTS = (
 )
 
 
+SHARE, INTERVAL = "share of attention layers", "95% interval"
+
+
+def share_points(results: list[dict], key: str, label: str) -> list[dict]:
+  """The points of a SHARE_PLOTS line plot: for each mixer and share of attention, the mean of
+  `key` over the cell's seeds as `label` and the half-width of its 95% interval (None below two
+  seeds), the Transformer's at share 1 on every mixer's line."""
+  transformer = [r[key] for r in results if r["mixer"] == "transformer" and r.get(key) is not None]
+  seeds: dict = {}
+  for r in results:
+    if r["mixer"] != "transformer":
+      seeds.setdefault((r["label"], r["attention_share"]), []).extend(
+          [r[key]] if r.get(key) is not None else [])
+      seeds[(r["label"], 1.0)] = transformer
+  points = []
+  for (mixer, share), values in seeds.items():
+    mean, half = claims.interval(values) if values else (None, None)
+    points.append({"mixer": mixer, SHARE: share, label: mean, INTERVAL: half})
+  return points
+
+
 def write_plots(results: list[dict], out: str) -> None:
   """SHARE_PLOTS: each metric against the share of attention layers, one line per mixer (the
-  Transformer as share 1 on every line); quality_vs_flops.png: held-out bits per byte against
-  training FLOPs."""
-  share = "share of attention layers"
-  transformer = [r for r in results if r["mixer"] == "transformer"]
+  Transformer as share 1 on every line), each point the mean over a cell's seeds with the
+  half-width of its 95% interval as an error bar where it has two or more (claims.interval);
+  quality_vs_flops.png: held-out bits per byte against training FLOPs."""
   for key, label, name in SHARE_PLOTS:
-    rows = []
-    for r in results:
-      if r["mixer"] != "transformer":
-        rows.append({"mixer": r["label"], share: r["attention_share"], label: r.get(key)})
-        rows += [{"mixer": r["label"], share: 1.0, label: t.get(key)} for t in transformer]
-    rows = list({(x["mixer"], x[share]): x for x in rows}.values())
+    rows = share_points(results, key, label)
     if rows:
-      report.line_plot(rows, x=share, y=label, group="mixer", path=os.path.join(out, name),
-                       title=f"{label} vs share of attention layers")
+      report.line_plot(rows, x=SHARE, y=label, group="mixer", path=os.path.join(out, name),
+                       title=f"{label} vs share of attention layers (mean over seeds, 95% interval)",
+                       err=INTERVAL)
   plt = report._pyplot()
   write_quality_vs_flops(results, out, plt)
   write_training_curves(results, out, plt)
