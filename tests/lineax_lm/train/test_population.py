@@ -75,3 +75,26 @@ def test_a_non_finite_member_stops_the_population_naming_it(tmp_path):
     train_population([seeded(config, s) for s in (0, 1)], members)
   for w in members:  # every member's last good state is on disk
     assert os.listdir(os.path.join(w, "checkpoints"))
+
+
+def test_a_population_step_lowers_for_cuda_with_the_gpu_kernels():
+  """vmap over the seeds puts a member axis on the Pallas GPU kernels' grids (pallas_call's
+  batching rule): the population step of a GDN hybrid lowers for CUDA with the same kernels as a
+  lone step (pallas_kernels.gpu_aot: no GPU needed)."""
+  import jax.numpy as jnp
+  from lineax_lm import sharding
+  from lineax_lm.models.presets import model_config
+  from lineax_lm.train.trainer import Trainer
+  from pallas_kernels import gpu_aot
+  config = tiny_config(steps=2, backend="gpu")
+  mesh = sharding.make_mesh(config.mesh)
+  names = []
+  for seeds, step in ((), "_train_step"), ((0, 1), "_population_step"):
+    trainer = Trainer(config, model_config(config.model), mesh, seeds=seeds)
+    lead = (len(seeds),) if seeds else ()
+    batch = {k: jax.ShapeDtypeStruct((*lead, 8, 32), jnp.int32)
+             for k in ("inputs", "targets", "loss_mask")}
+    with jax.set_mesh(mesh):
+      kernels = gpu_aot.triton_kernels(getattr(trainer, step), jax.eval_shape(trainer.init), batch)
+    names.append(sorted(k.name for k in kernels))
+  assert names[0] == names[1] and "_state_kernel" in names[0]
