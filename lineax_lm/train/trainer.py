@@ -202,9 +202,9 @@ class Trainer:
       params = init_params(self.model_cfg, seed, self.member_sharding["params"])
     return self._jit_init(np.uint32(seed), params)
 
-  def member(self, state, i: int):
-    """Member `i`'s state out of a population's."""
-    return jax.tree_util.tree_map(lambda x: x[i], state)
+  def member(self, tree, i: int):
+    """Member `i`'s state (or step metrics) out of a population's; a lone run's as it is."""
+    return jax.tree_util.tree_map(lambda x: x[i], tree) if self.population else tree
 
   def stack(self, members: list):
     """A population's state from its members' (in `seeds` order)."""
@@ -277,18 +277,17 @@ class Trainer:
     loss_sum, (correct, count) = self._sums(params, batch, extra)
     return dict(loss_sum=loss_sum, correct=correct, count=count)
 
-  def put_batch(self, batch: dict):
-    """Process-local numpy batch -> global arrays sharded over the batch axes (a population's:
-    each member's batch stacked, [members, B, T])."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
-            for k, v in batch.items()}
+  def put_batch(self, batch: dict, member: bool = False):
+    """Process-local numpy batch -> global arrays sharded over the batch axes: a population's
+    batch holds each member's stacked, [members, B, T], unless `member` (one batch, as every
+    member evaluates on)."""
+    sh = sharding.batch_sharding(self.mesh) if member else self.batch_sharding
+    return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
 
   def evaluate(self, params, batches):
     """Held-out loss and accuracy: a dict, or a population's list of one dict per member (every
     member on the same batches)."""
-    lone = sharding.batch_sharding(self.mesh)
-    sums = [self.eval_step(params, {k: jax.make_array_from_process_local_data(lone, np.asarray(v))
-                                    for k, v in b.items()}) for b in batches]
+    sums = [self.eval_step(params, self.put_batch(b, member=True)) for b in batches]
     def one(i=None):
       tot = {k: float(sum(np.asarray(s[k]) if i is None else np.asarray(s[k])[i] for s in sums))
              for k in ("loss_sum", "correct", "count")}
@@ -494,7 +493,6 @@ def _train(configs, workdirs, objective: Objective | None, mesh, model_cfg: Mode
     writers = []
     try:
       state, step = _restore(trainer, mngrs, data_iters, configs, workdirs)
-      step = int(step)
       log.info("model: %s, %.1fM parameters, mesh %s%s", model_cfg.mixer, trainer.num_params / 1e6,
                dict(mesh.shape), f", seeds {list(seeds)} as one population" if seeds else "")
       evals = eval_batches(config, dataset)
@@ -505,8 +503,7 @@ def _train(configs, workdirs, objective: Objective | None, mesh, model_cfg: Mode
 
       def save(step):
         for i in members:
-          checkpoint.save(mngrs[i], step, trainer.member(state, i) if seeds else state,
-                          data_iters[i], configs[i])
+          checkpoint.save(mngrs[i], step, trainer.member(state, i), data_iters[i], configs[i])
 
       def evaluate():
         scores = trainer.evaluate(state["params"], evals)
@@ -534,9 +531,9 @@ def _train(configs, workdirs, objective: Objective | None, mesh, model_cfg: Mode
           if step % t.log_every == 0 or step == t.steps:
             jax.block_until_ready(m)
             elapsed = time.perf_counter() - window_start
+            per_member = {k: v for k, v in m.items() if k not in ("ok", "member_ok")}
             for i in members:
-              summary = {k: float(v[i] if seeds else v) for k, v in m.items()
-                         if k not in ("ok", "member_ok")}
+              summary = {k: float(v) for k, v in trainer.member(per_member, i).items()}
               summary["tokens_per_s"] = window_steps * tokens_per_step / elapsed
               if peak:
                 summary["mfu"] = (6 * trainer.num_params * summary["tokens_per_s"]
