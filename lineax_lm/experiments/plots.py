@@ -24,19 +24,17 @@ SHARE, INTERVAL = "share of attention layers", "95% interval"
 
 def share_points(results: list[dict], key: str, label: str) -> list[dict]:
   """The points of a SHARE_PLOTS line plot: for each mixer and share of attention, the mean of
-  `key` over the cell's seeds as `label` and the half-width of its 95% interval (None below two
-  seeds), the Transformer's at share 1 on every mixer's line."""
-  transformer = [r[key] for r in results if r["mixer"] == "transformer" and r.get(key) is not None]
-  seeds: dict = {}
-  for r in results:
-    if r["mixer"] != "transformer":
-      seeds.setdefault((r["label"], r["attention_share"]), []).extend(
-          [r[key]] if r.get(key) is not None else [])
-      seeds[(r["label"], 1.0)] = transformer
+  `key` over the cell's seeds (claims.seed_values) as `label` and the half-width of its 95%
+  interval (None below two seeds), the Transformer's at share 1 on every mixer's line."""
+  seeds = claims.seed_values(results, key)
+  shares = {(r["mixer"], r["ratio"]): r["attention_share"] for r in results}
+  transformer = seeds.pop(sizes_lib.TRANSFORMER, None)
   points = []
-  for (mixer, share), values in seeds.items():
-    mean, half = claims.interval(values) if values else (None, None)
-    points.append({"mixer": mixer, SHARE: share, label: mean, INTERVAL: half})
+  for mixer in dict.fromkeys(m for m, _ in seeds):
+    line = [(shares[cell], values) for cell, values in seeds.items() if cell[0] == mixer]
+    for share, values in line + ([(1.0, transformer)] if transformer else []):
+      mean, half = claims.interval(values)
+      points.append({"mixer": sizes_lib.label(mixer), SHARE: share, label: mean, INTERVAL: half})
   return points
 
 
