@@ -70,17 +70,19 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.seeds < 2:
     p.error(f"--seeds: a population has at least 2 seeds; got {a.seeds}")
-  rows = [measure(a.size, c, a.seeds, a.steps) for c in a.cells.split(",") if c]
-  if a.json:
-    with open(a.json, "w") as f:
-      json.dump(dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, rows=rows), f, indent=1)
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; size {a.size}, "
         f"{a.seeds} seeds, {a.steps} timed steps")
   print("| cell | lone step ms (first s) | population step ms (first s) | population / lone steps in a row |")
-  print("|---|---|---|---|")
-  for r in rows:
+  print("|---|---|---|---|", flush=True)
+  rows = []
+  for c in filter(None, a.cells.split(",")):  # each row as it is measured: a time limit keeps the rest
+    r = measure(a.size, c, a.seeds, a.steps)
+    rows.append(r)
     print(f"| {r['cell']} | {r['lone_step_ms']:.1f} ({r['lone_first_s']:.0f}) | "
-          f"{r['population_step_ms']:.1f} ({r['population_first_s']:.0f}) | {r['speedup']:.2f}x |")
+          f"{r['population_step_ms']:.1f} ({r['population_first_s']:.0f}) | {r['speedup']:.2f}x |", flush=True)
+    if a.json:
+      with open(a.json, "w") as f:
+        json.dump(dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, rows=rows), f, indent=1)
   return 0
 
 
