@@ -7,18 +7,21 @@ decays do not factor out of the intra-chunk products, so both score matrices of 
   A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc)   (j < i: the WY/UT system (I + A) U = ...)
   P_ij = scale sum_c q_ic k_jc exp(G_ic - G_jc)    (j <= i: the output's intra-chunk scores)
 
-are formed by levels (common/gpu/levels.py), each a full-chunk [C, BK] x [BK, C] dot: each row's
-operand at a level is one exp of its distance to its group's reference row (`level_decay`, the
-reference gathered per row: the levels run in a `fori_loop`, `over_levels`) and the level's dot is
-masked to its pairs (`pair_levels`); the diagonal i = j has no decay. No exponent is ever positive,
-so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its issue #701), and
-every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal block, no 3-D
-[i, j, channel] product): the forward's on float32 operands (tf32 for 16-bit inputs, as fla's
-intra-chunk dots), the backward's in the input dtype. The backward takes the same levels.
+are formed by levels (common/gpu/levels.py): at level s a pair j < i is split at its group's
+reference row e, exp(G_i - G_e) exp(G_e - G_j), each row's operand one exp of its distance to e
+(the levels run in a `fori_loop`, `over_levels`); the diagonal i = j has no decay. No exponent is
+ever positive, so any gate magnitude is safe without a lower bound on g (fla's KDA needs one: its
+issue #701), and every product is a tensor-core dot (no key-by-key loop over a sub-chunk's diagonal
+block, no 3-D [i, j, channel] product). The forward takes a level's pairs as one [C/2, C/2] dot
+between the rows of the groups' upper halves and those of their lower halves, gathered
+(`level_rows`) and stored in place, on float32 operands (tf32 for 16-bit inputs, as fla's
+intra-chunk dots); the backward as a full-chunk [C, C] product masked to the level's pairs
+(`pair_levels`, `level_decay`), in the input dtype: its sums over a level's pairs land on every row
+of the chunk, which a [C/2] gather could not add back in place.
 
 forward
-  1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A (float32)
-                              and P (input dtype), and the gated qg = scale exp(G) q,
+  1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A
+                              (float32) and P (input dtype), and the gated qg = scale exp(G) q,
                               kg = exp(G_C - G) k the state passes read (their serial loops then
                               do no [C, K] exps); in one launch, or A with kg and P with qg in
                               two (`Config.split_scores_fwd`).
@@ -52,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.common.gpu import chunk_dh, chunk_dqk, chunk_state, config as shared_config
 from pallas_kernels.common.gpu import layout
@@ -61,8 +65,8 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
                                                    dot_tn, lower_mask, over_value_tiles,
                                                    precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
-from pallas_kernels.common.gpu.levels import (diagonal, level_decay, over_levels, pair_levels,
-                                              reference_rows)
+from pallas_kernels.common.gpu.levels import (diagonal, level_decay, level_rows, one_group,
+                                              over_levels, pair_levels, reference_rows)
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_inverse_product
 from pallas_kernels.kda import reference
 
@@ -76,18 +80,14 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8   # and backward
   bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
   warps_scores: int = 8   # the score-gradient kernel
-  warps_scores_fwd: int = 4  # the score kernel of the forward (H100, anchor shape, two-program
-                             # timing, fwd / fwd+bwd: 1.768 / 5.433 ms at 4 warps, 2.171 / 6.001
-                             # at 8, 2.799 / 6.488 at 2)
+  warps_scores_fwd: int = 4  # the score kernel of the forward (sm_90a, anchor shape: 163
+                             # registers, no spills, 36 KiB of shared memory at three stages)
   bk_scores_fwd: int | None = None  # its key tile where it differs from bk_scores (a level's dots
                                     # over fewer, larger tiles)
-  stages_scores_fwd: int = 3  # and its pipeline stages: at one each key tile's loads are waited
-                              # for (one 8-warp program an SM). H100, anchor shape, fwd / fwd+bwd:
-                              # 2.146 / 5.534 ms at one stage, 2.369 / 5.620 at two, 2.068 / 5.351
-                              # at three (72 KiB of shared memory, no spills)
+  stages_scores_fwd: int = 3  # and its pipeline stages: the next key tiles' gathers in flight
+                              # while a tile's dots run
   split_scores_fwd: bool = False  # A (with kg) and P (with qg) in two launches of the score
-                                  # kernel, each program holding one [C, C] sum: fewer registers a
-                                  # program (189 for both at 8 warps, sm_90a), more programs an SM
+                                  # kernel, each program holding one [C/2, C/2] sum
 
 
 DEFAULT = Config()
@@ -95,49 +95,60 @@ DEFAULT = Config()
 # --- 1. the scores by levels ----------------------------------------------------------------------
 
 def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref, *, scale, bk):
-  """Each level's dots summed over the key tiles first, then placed by the level's mask once. The
-  scores whose refs are given: A with kg (q_ref, p_ref and qg_ref None), P with qg (b_ref, a_ref
-  and kg_ref None), or both."""
+  """Level by level (`over_levels`), key tiles inside: the level's pairs as one [C/2, C/2] dot of
+  gathered rows (`level_rows`), stored in place where both rows are in one group; the diagonal
+  and above stored first (A's 0, P's undecayed scale q_i k_i). Each entry of A and P is written
+  once. The scores whose refs are given: A with kg (q_ref, p_ref and qg_ref None), P with qg
+  (b_ref, a_ref and kg_ref None), or both."""
   C, K = k_ref.shape
   dt = k_ref.dtype
   prec = precision(dt)
   n_tiles = K // bk
   tile = lambda i: pl.ds(pl.multiple_of(i * bk, bk), bk)
-  zero = jnp.zeros((C, C), F32)
   want_a, want_p = a_ref is not None, p_ref is not None
 
   def gate_tile(i, qk):
     cols = tile(i)
-    q = q_ref[:, cols] if want_p else None
     k, G = k_ref[:, cols], g_ref[:, cols]
     # the state passes' operands, gated once here: scale exp(G) q and exp(G_C - G) k
-    if want_p:
-      qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
     if want_a:
       kg_ref[:, cols] = (k.astype(F32) * jnp.exp(g_ref[C - 1, cols][None, :] - G)).astype(dt)
-    return qk + dot_nt(q, k, prec) if want_p else qk
+    if not want_p:
+      return qk
+    q = q_ref[:, cols]
+    qg_ref[:, cols] = (q.astype(F32) * (jnp.exp(G) * scale)).astype(dt)
+    return qk + jnp.sum(q.astype(F32) * k.astype(F32), axis=1)
 
-  diag = lax.fori_loop(0, n_tiles, gate_tile, zero)
-  levels = pair_levels()
+  qk = lax.fori_loop(0, n_tiles, gate_tile, jnp.zeros((C,), F32))
+  on_and_above = ~lower_mask(C, strict=True)
+  if want_a:
+    plgpu.store(a_ref, jnp.zeros((C, C), F32), mask=on_and_above)
+  if want_p:
+    P_diag = jnp.where(diagonal(), (qk * scale)[:, None], 0.0)
+    plgpu.store(p_ref, P_diag.astype(p_ref.dtype), mask=on_and_above)
 
-  def level(s, sums):  # sums: (A,) + (P,), those wanted
+  def level(s, carry):
+    upper, lower, ref = level_rows(s)
+
     def key_tile(i, acc):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
       cols = tile(i)
-      E, _ = level_decay(g_ref[:, cols], reference_rows(g_ref, cols, s), s)
-      qE = q_ref[:, cols].astype(F32) * E if want_p else None
-      kE = k_ref[:, cols].astype(F32) * E
-      out = (acc[0] + dot_nt(kE, kE, prec),) if want_a else ()
-      return out + (acc[-1] + dot_nt(qE, kE, prec),) if want_p else out
+      G_e = g_ref[ref, cols]  # no exponent positive: G does not increase down a chunk
+      E_upper = jnp.exp(-jnp.abs(g_ref[upper, cols] - G_e))
+      k_lower = k_ref[lower, cols].astype(F32) * jnp.exp(-jnp.abs(G_e - g_ref[lower, cols]))
+      side = lambda x_ref: x_ref[upper, cols].astype(F32) * E_upper  # noqa: E731
+      out = (acc[0] + dot_nt(side(k_ref), k_lower, prec),) if want_a else ()
+      return out + (acc[-1] + dot_nt(side(q_ref), k_lower, prec),) if want_p else out
 
-    level_sums = lax.fori_loop(0, n_tiles, key_tile, (zero,) * len(sums))
-    pairs = levels == s
-    return tuple(jnp.where(pairs, new, old) for new, old in zip(level_sums, sums))
+    half = jnp.zeros((C // 2, C // 2), F32)
+    sums = lax.fori_loop(0, n_tiles, key_tile, (half,) * (want_a + want_p))
+    pairs, at = one_group(s, upper, lower), (upper[:, None], lower[None, :])
+    if want_a:
+      plgpu.store(a_ref.at[at], sums[0] * b_ref[upper][:, None], mask=pairs)
+    if want_p:
+      plgpu.store(p_ref.at[at], (sums[-1] * scale).astype(p_ref.dtype), mask=pairs)
+    return carry
 
-  sums = over_levels(level, (zero,) * want_a + (jnp.where(diagonal(), diag, 0.0),) * want_p)
-  if want_a:
-    a_ref[...] = sums[0] * b_ref[...][:, None]
-  if want_p:
-    p_ref[...] = (sums[-1] * scale).astype(p_ref.dtype)
+  over_levels(level, jnp.int32(0))
 
 
 def _scores_fwd(q, k, G, beta, st: Static):

@@ -10,6 +10,10 @@ increase within a chunk (Gq = G, or RWKV-6's exclusive G - g, which reads the st
 token: its row e + 1 is G_e again). So a level is one exp over [C, BK] per operand row
 (`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`pair_levels`,
 `same_group`); the diagonal i = j has no decay (`diagonal`).
+
+A level's pairs are also a quarter of that dot: the C/2 rows of the upper halves against the C/2
+rows of the lower halves, gathered (`level_rows`), the product kept where both rows are in one group
+(`one_group`) and stored in place by those rows (KDA's forward scores).
 """
 from __future__ import annotations
 
@@ -45,6 +49,21 @@ def reference_rows(g_ref, cols, s):
     G_e = g_ref[pl.ds(s - 1, n, stride=2 * s), cols]
     return jnp.broadcast_to(G_e[:, None, :], (n, 2 * s, G_e.shape[1])).reshape(C, G_e.shape[1])
   return g_ref[(iota((C,), 0) & (-2 * s)) + s - 1, cols]
+
+
+def level_rows(s):
+  """(upper, lower, ref) [C/2] int32 of level s (s a power of two, static or traced): the rows of
+  the upper halves of its 2s-row groups in order, the lower halves' rows at the same places
+  (upper - s) and each one's group reference row (the last row of the lower half)."""
+  r = iota((CHUNK // 2,), 0)
+  group = (r & -s) * 2
+  upper = group + s + (r & (s - 1))
+  return upper, upper - s, group + s - 1
+
+
+def one_group(s, rows, cols):
+  """[len(rows), len(cols)] bool: row rows[a] and row cols[b] in one 2s-row group of level s."""
+  return (rows[:, None] & (-2 * s)) == (cols[None, :] & (-2 * s))
 
 
 def level_decay(G, G_e, s, Gq=None):
