@@ -80,12 +80,12 @@ class Config(NamedTuple):
   warps_wy_bwd: int = 8   # and backward
   bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
   warps_scores: int = 8   # the score-gradient kernel
-  warps_scores_fwd: int = 4  # the score kernel of the forward (sm_90a, anchor shape: 163
-                             # registers, no spills, 36 KiB of shared memory at three stages)
-  bk_scores_fwd: int | None = None  # its key tile where it differs from bk_scores (a level's dots
-                                    # over fewer, larger tiles)
-  stages_scores_fwd: int = 3  # and its pipeline stages: the next key tiles' gathers in flight
-                              # while a tile's dots run
+  warps_scores_fwd: int = 4  # the score kernel of the forward
+  bk_scores_fwd: int | None = 64  # its key tile where it differs from bk_scores. H100, anchor
+                                  # shape, one call, fwd / fwd+bwd ms: 1.682 / 5.538 at 32, 1.609
+                                  # / 5.283 at 64; 4 warps against 1.717 / 5.404 at 2 and 1.800 /
+                                  # 5.463 at 8
+  stages_scores_fwd: int = 3  # and its pipeline stages (1.645 / 5.302 at two in that call)
   split_scores_fwd: bool = False  # A (with kg) and P (with qg) in two launches of the score
                                   # kernel, each program holding one [C/2, C/2] sum
 
