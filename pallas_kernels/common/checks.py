@@ -90,8 +90,20 @@ def check_scale(scale):
     raise ValueError(f"`scale` must be finite; got {float(scale)}")
 
 
+@jax.custom_jvp
+def _clamp_to_nonpositive(g):
+  return jnp.minimum(g, 0.0)
+
+
+# The clamp's gradient passes straight through: min(g, 0)'s own would be a mask kept for the
+# backward and applied there in a pass of its own over per-channel gates [B, T, H, K] (0.13 ms of
+# KDA's 5.5 ms fwd+bwd at the anchor shape), for gates that are out of range anyway.
+_clamp_to_nonpositive.defjvp(lambda primals, tangents: (_clamp_to_nonpositive(*primals), *tangents))
+
+
 def log_decay(name: str, g):
-  """Gates that are natural-log decays must be <= 0: error when concrete, clamp when traced."""
+  """Gates that are natural-log decays must be <= 0: error when concrete, clamp when traced (its
+  gradient passed through unchanged)."""
   if g is None:
     return None
   if is_concrete(g):
@@ -100,7 +112,7 @@ def log_decay(name: str, g):
       raise ValueError(f"`{name}` holds natural-log decays, which must be <= 0 (decay = exp({name}) <= 1); "
                        f"its maximum is {gmax}. Pass log-space gates, e.g. jax.nn.log_sigmoid(logits).")
     return g
-  return jnp.minimum(g, 0.0)
+  return _clamp_to_nonpositive(g)
 
 
 def check_floating(name: str, x):

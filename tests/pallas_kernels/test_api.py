@@ -3,6 +3,7 @@ of it, and the initial state that backends receive."""
 import importlib
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -118,3 +119,13 @@ def test_auto_takes_the_platform_kernel_wherever_the_table_says_there_is_one(fam
     expected = platform if listed and dispatch.auto_selects(family, platform) else "xla"
     module = importlib.import_module(f"pallas_kernels.{family}.{expected}")
     assert getattr(fn, "func", fn) is getattr(module, f"{kind}_{family}")
+
+
+def test_traced_gates_are_clamped_with_their_gradient_passed_through():
+  """Under jit a positive log decay is clamped to 0; the clamp's gradient is 1 everywhere, so the
+  backward keeps no mask of the gates (the gates of valid inputs, <= 0, are not changed)."""
+  from pallas_kernels.common import checks
+  g = jnp.array([-2.0, 0.0, 3.0])
+  clamp = jax.jit(lambda g: checks.log_decay("g", g))
+  np.testing.assert_array_equal(clamp(g), [-2.0, 0.0, 0.0])
+  np.testing.assert_array_equal(jax.grad(lambda g: jnp.sum(clamp(g) * jnp.arange(3.0)))(g), [0, 1, 2])

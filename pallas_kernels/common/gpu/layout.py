@@ -228,9 +228,11 @@ def run_chunked(core, q, k, v, gates, per_head=(), *, scale, initial_state, cu_s
   k, v = k.astype(dt), v.astype(dt)
   # The barrier keeps XLA from constant-folding the chunk cumsum of a constant gate (none, or
   # retention's fixed decays): linear attention's fwd+bwd took 28 s to compile at B=8 T=8192 on
-  # the H200 (XLA warned of a slow constant fold), the other simple-GLA ops 8-9 s.
-  gates = [jax.lax.optimization_barrier(jnp.zeros((B, T, H), F32) if x is None else x.astype(F32))
-           for x in gates]
+  # the H200 (XLA warned of a slow constant fold), the other simple-GLA ops 8-9 s. Per-channel
+  # gates [B, T, H, K] come from data and go without: a barrier would write the clamped gates
+  # out whole before the cumsum reads them again.
+  gates = [jnp.zeros((B, T, H), F32) if x is None else x.astype(F32) for x in gates]
+  gates = [x if x.ndim == 4 else jax.lax.optimization_barrier(x) for x in gates]
 
   plan = varlen.chunk_plan(T, C, cu_seqlens)
   q, k, v, *gates = (varlen.to_chunked(x, plan) for x in (q, k, v, *gates))
