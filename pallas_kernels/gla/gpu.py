@@ -7,7 +7,7 @@ sequential passes (common/gpu's chunk_state and chunk_dh, per-channel gates with
 are a few dots per chunk, as for a scalar gate:
 
 forward
-  1. `_gate_cumsum` grid (NT, B*H): G (written once; every later kernel reads it).
+  1. `layout.gate_cumsum` grid (NT, B*H): G (written once; every later kernel reads it).
   2. `_intra`       grid (NT, B*H): the intra-chunk scores A (scale included, input dtype), and the
                     decayed queries and keys qd = scale q exp(Gq), kd = k exp(G_C - G).
   3. `chunk_state.state_pass` grid (V/BV, B*H): o = qd h + A v, the chunk-start states h (input
@@ -49,7 +49,8 @@ from pallas_kernels.common.gpu import chunk_dh, chunk_state, config as shared_co
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import F32, dot, dot_nt, dot_tn, precision
-from pallas_kernels.common.gpu.layout import DTYPES, MAX_DIM, Specs, launch, run_chunked, sds
+from pallas_kernels.common.gpu.layout import (DTYPES, MAX_DIM, Specs, gate_cumsum, launch,
+                                              run_chunked, sds)
 from pallas_kernels.common.gpu.levels import (LEVELS, diagonal, level_decay, reference_rows,
                                               same_group)
 from pallas_kernels.gla import reference
@@ -88,20 +89,6 @@ def _level_factors(g_ref, cols, s, G, Gq):
   upper halves (0 elsewhere) and exp(G_e - G_j) on the rows of lower halves (0 elsewhere)."""
   E, upper = level_decay(G, reference_rows(g_ref, cols, s), s, Gq)
   return jnp.where(upper, E, 0.0), jnp.where(upper, 0.0, E)
-
-
-# --- 1. forward: the chunk-local gate cumsum ------------------------------------------------------
-
-def _cumsum_kernel(g_ref, G_ref):
-  G_ref[...] = jnp.cumsum(g_ref[...], axis=0)
-
-
-def _gate_cumsum(g, st: Static):
-  """G [B, T, H, K] float32: the cumsum of g within each chunk."""
-  B, T, H, K = g.shape
-  sp = Specs(H, CHUNK, T)
-  return launch(_cumsum_kernel, (sp.NT, B * H), [sp.chunk_tok(K)], sp.chunk_tok(K),
-                sds(g.shape, F32), st, st.family_cfg.warps_intra, st.cfg.stages_chunk)(g)
 
 
 # --- 2. forward: intra-chunk scores and the decayed queries and keys ------------------------------
@@ -230,7 +217,7 @@ def _dqkg(q, k, v, G, g, u, kd, do, h, dh, st: Static):
 
 def _forward(st: Static, q, k, v, g, u, h0, starts, ends, *, want_h):
   """(o, final state, residuals G, A, qd, kd, h); h is None unless want_h."""
-  G = _gate_cumsum(g, st)
+  G = gate_cumsum(g, st, st.family_cfg.warps_intra)
   A, qd, kd = _intra(q, k, G, g, u, st)
   o, ht, kept = chunk_state.state_pass(qd, kd, None, v, G, h0, starts, ends, st, want_o=True,
                                        scores=A, keep_h=want_h)

@@ -19,6 +19,7 @@ as fla's intra-chunk dots); the backward as [C, C/2] products of the gathered ha
 gradients, which land on the chunk's rows in order, in the input dtype.
 
 forward
+  0. `layout.gate_cumsum`     grid (NT, B*H): G.
   1. `_scores_fwd`            grid (NT, B*H), levels outside, key tiles of BK inside: A
                               (float32) and P (input dtype), and the gated qg = scale exp(G) q,
                               kg = exp(G_C - G) k the state passes read (their serial loops then
@@ -63,7 +64,7 @@ from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
                                                    dot_tn, iota, lower_mask, over_value_tiles,
                                                    precision, scale_rows)
-from pallas_kernels.common.gpu.layout import Specs, chunk_cumsum, launch, run_chunked, sds
+from pallas_kernels.common.gpu.layout import Specs, gate_cumsum, launch, run_chunked, sds
 from pallas_kernels.common.gpu.levels import (diagonal, level_decay, level_rows, one_group,
                                               over_levels, reference_rows)
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_inverse_product
@@ -340,7 +341,7 @@ def _chunk_kda(st: Static, q, k, v, g, beta, h0, starts, ends):
 
 
 def _chunk_kda_fwd(st, q, k, v, g, beta, h0, starts, ends):
-  G = chunk_cumsum(g, CHUNK, axis=1)
+  G = gate_cumsum(g, st)
   A, P, qg, kg = _scores_fwd(q, k, G, beta, st)
   w, u, Tinv = _wy_fwd(k, v, G, beta, A, st)
   o, ht, kept = chunk_state.state_pass(qg, kg, w, u, G, h0, starts, ends, st, want_o=True,

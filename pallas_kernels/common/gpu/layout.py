@@ -74,6 +74,19 @@ def chunk_cumsum(x, C: int, reverse: bool = False, axis: int = -1):
   return x.reshape(shape)
 
 
+def _gate_cumsum_kernel(g_ref, G_ref):
+  G_ref[...] = jnp.cumsum(g_ref[...].astype(F32), axis=0)
+
+
+def gate_cumsum(g, st: Static, warps: int = 4):
+  """`chunk_cumsum` of per-channel gates g [B, T, H, K] (T a multiple of CHUNK) as one kernel,
+  grid (NT, B*H): G float32, each chunk read and written once."""
+  B, T, H, K = g.shape
+  sp = Specs(H, CHUNK, T)
+  return launch(_gate_cumsum_kernel, (sp.NT, B * H), [sp.chunk_tok(K)], sp.chunk_tok(K),
+                sds(g.shape, F32), st, warps, st.cfg.stages_chunk)(g)
+
+
 class Specs:
   """BlockSpecs for arrays of a [B, T, H, ...] problem with H heads and chunk size C.
 
