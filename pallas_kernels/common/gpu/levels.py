@@ -11,9 +11,10 @@ token: its row e + 1 is G_e again). So a level is one exp over [C, BK] per opera
 (`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`pair_levels`,
 `same_group`); the diagonal i = j has no decay (`diagonal`).
 
-A level's pairs are also a quarter of that dot: the C/2 rows of the upper halves against the C/2
+A level's pairs also fit a quarter of that dot: the C/2 rows of the upper halves against the C/2
 rows of the lower halves, gathered (`level_rows`), the product kept where both rows are in one group
-(`one_group`) and stored in place by those rows (KDA's forward scores).
+(`one_group`). KDA's score kernels take them so: the forward stores that product in place, the
+backward gathers those halves of the score gradients.
 """
 from __future__ import annotations
 
