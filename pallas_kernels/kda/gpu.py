@@ -65,8 +65,8 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
                                                    dot_tn, iota, lower_mask, over_value_tiles,
                                                    precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, gate_cumsum, launch, run_chunked, sds
-from pallas_kernels.common.gpu.levels import (diagonal, level_decay, level_rows, one_group,
-                                              over_levels, reference_rows)
+from pallas_kernels.common.gpu.levels import (diagonal, half_decays, level_decay, level_rows,
+                                              one_group, over_levels, reference_rows)
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_inverse_product
 from pallas_kernels.kda import reference
 
@@ -128,13 +128,12 @@ def _scores_fwd_kernel(q_ref, k_ref, g_ref, b_ref, a_ref, p_ref, qg_ref, kg_ref,
     plgpu.store(p_ref, P_diag.astype(p_ref.dtype), mask=on_and_above)
 
   def level(s, carry):
-    upper, lower, ref = level_rows(s)
+    halves = upper, lower, _ = level_rows(s)
 
     def key_tile(i, acc):  # float32 operands: tf32 dots for 16-bit inputs, as fla's
       cols = tile(i)
-      G_e = g_ref[ref, cols]  # no exponent positive: G does not increase down a chunk
-      E_upper = jnp.exp(-jnp.abs(g_ref[upper, cols] - G_e))
-      k_lower = k_ref[lower, cols].astype(F32) * jnp.exp(-jnp.abs(G_e - g_ref[lower, cols]))
+      E_upper, E_lower = half_decays(g_ref, cols, halves)
+      k_lower = k_ref[lower, cols].astype(F32) * E_lower
       side = lambda x_ref: x_ref[upper, cols].astype(F32) * E_upper  # noqa: E731
       out = (acc[0] + dot_nt(side(k_ref), k_lower, prec),) if want_a else ()
       return out + (acc[-1] + dot_nt(side(q_ref), k_lower, prec),) if want_p else out
@@ -284,11 +283,10 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
 
   def level(s, acc):
     dq, RA, dkc = acc
-    upper, lower, ref = level_rows(s)
+    halves = upper, lower, _ = level_rows(s)
     E, _ = level_decay(G, reference_rows(g_ref, slice(None), s), s)  # on the chunk's rows
-    G_e = g_ref[ref, :]
-    E_upper = jnp.exp(-jnp.abs(g_ref[upper, :] - G_e))
-    kE_lower = (k_ref[lower, :].astype(F32) * jnp.exp(-jnp.abs(G_e - g_ref[lower, :]))).astype(dt)
+    E_upper, E_lower = half_decays(g_ref, slice(None), halves)
+    kE_lower = (k_ref[lower, :].astype(F32) * E_lower).astype(dt)
     qE_upper = (q_ref[upper, :].astype(F32) * E_upper).astype(dt)
     bkE_upper = (k_ref[upper, :].astype(F32) * (E_upper * b_ref[upper][:, None])).astype(dt)
     # dM's columns of the lower halves on the rows of the upper halves, and the other way round

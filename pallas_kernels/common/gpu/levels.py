@@ -8,13 +8,13 @@ i and j differ). Both sides are taken relative to the group's reference row e, t
 lower half: exp(Gq_i - G_j) = exp(Gq_i - G_e) exp(G_e - G_j), both exponents <= 0 as G does not
 increase within a chunk (Gq = G, or RWKV-6's exclusive G - g, which reads the state before its
 token: its row e + 1 is G_e again). So a level is one exp over [C, BK] per operand row
-(`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`pair_levels`,
-`same_group`); the diagonal i = j has no decay (`diagonal`).
+(`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`same_group`); the
+diagonal i = j has no decay (`diagonal`).
 
 A level's pairs also fit a quarter of that dot: the C/2 rows of the upper halves against the C/2
-rows of the lower halves, gathered (`level_rows`), the product kept where both rows are in one group
-(`one_group`). KDA's score kernels take them so: the forward stores that product in place, the
-backward gathers those halves of the score gradients.
+rows of the lower halves, gathered (`level_rows`, `half_decays`), the product kept where both rows
+are in one group (`one_group`). KDA's score kernels take them so: the forward stores that product
+in place, the backward gathers those halves of the score gradients.
 """
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def one_group(s, rows, cols):
   return (rows[:, None] & (-2 * s)) == (cols[None, :] & (-2 * s))
 
 
+def half_decays(g_ref, cols, halves):
+  """Level s's decays on its gathered halves, `halves` = level_rows(s): exp(G_i - G_e) [C/2, BK]
+  on the rows of the upper halves and exp(G_e - G_j) on those of the lower halves, the absolute
+  value as in `level_decay`."""
+  upper, lower, ref = halves
+  G_e = g_ref[ref, cols]
+  return jnp.exp(-jnp.abs(g_ref[upper, cols] - G_e)), jnp.exp(-jnp.abs(G_e - g_ref[lower, cols]))
+
+
 def level_decay(G, G_e, s, Gq=None):
   """Level s's decays [C, BK] and the [C, 1] mask of the upper-half rows: exp(Gq_i - G_e) on the
   rows of upper halves (row side), exp(G_e - G_j) on the rows of lower halves (column side), G_e
@@ -75,16 +84,6 @@ def level_decay(G, G_e, s, Gq=None):
   Gq = G if Gq is None else Gq
   upper = (iota((G.shape[0], 1), 0) & s) != 0   # s a power of two
   return jnp.exp(-jnp.abs(jnp.where(upper, Gq - G_e, G_e - G))), upper
-
-
-def pair_levels():
-  """[C, C] int32: the level s of each pair j < i, 0 on and above the diagonal; a level's pairs
-  are `pair_levels() == s` (one compare, this computed once per kernel)."""
-  i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
-  x = i ^ j
-  for shift in (1, 2, 4):
-    x = x | (x >> shift)
-  return jnp.where(i > j, x - (x >> 1), 0)
 
 
 def same_group(s, X):
