@@ -15,8 +15,9 @@ issue #701), and every product is a tensor-core dot (no key-by-key loop over a s
 block, no 3-D [i, j, channel] product). A level's pairs are the rows of its groups' upper halves
 against those of their lower halves (`level_rows`), C/2 each: the forward takes them as one
 [C/2, C/2] dot of the gathered rows, stored in place, on float32 operands (tf32 for 16-bit inputs,
-as fla's intra-chunk dots); the backward as [C, C/2] products of the gathered halves of the score
-gradients, which land on the chunk's rows in order, in the input dtype.
+as fla's intra-chunk dots); the backward as full-chunk [C, C] products of the score gradients
+masked to the level's pairs (`pair_levels`), in the input dtype (its [C, C/2] products of gathered
+halves ran slower: benchmarks/RESULTS.md, "KDA's score kernels").
 
 forward
   0. `layout.gate_cumsum`     grid (NT, B*H): G.
@@ -66,7 +67,8 @@ from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_in
                                                    precision, scale_rows)
 from pallas_kernels.common.gpu.layout import Specs, gate_cumsum, launch, run_chunked, sds
 from pallas_kernels.common.gpu.levels import (diagonal, half_decays, level_decay, level_rows,
-                                              one_group, over_levels, reference_rows)
+                                              one_group, over_levels, pair_levels,
+                                              reference_rows)
 from pallas_kernels.gated_delta_rule.gpu import back_through_u, write_inverse_product
 from pallas_kernels.kda import reference
 
@@ -78,7 +80,9 @@ class Config(NamedTuple):
   shared: shared_config.Config = shared_config.DEFAULT
   warps_wy: int = 4       # the per-channel-gate WY/UT kernels: forward
   warps_wy_bwd: int = 8   # and backward
-  bk_scores: int = 32     # key tile of the score kernels (the gradient's grid axis)
+  bk_scores: int = 64     # key tile of the score kernels (the gradient's grid axis). H100, anchor
+                          # shape, one call, fwd+bwd ms: 5.230 at 32, 4.598 at 64, 5.381 at 128,
+                          # 6.347 at 16; 8 warps against 4.673 at 4 (key tiles of 32)
   warps_scores: int = 8   # the score-gradient kernel
   warps_scores_fwd: int = 4  # the score kernel of the forward
   bk_scores_fwd: int | None = 64  # its key tile where it differs from bk_scores. H100, anchor
@@ -269,34 +273,25 @@ def _bwd_scores_kernel(q_ref, k_ref, g_ref, b_ref, da_ref, dp_ref, dq1_ref, dkw_
   the scale in dP; A: a = beta k; b = k for both) sends its gradient dM to the row side
   sum_j dM_ij b_j exp(G_i - G_j) (dq; RA, A's, which gives dk and dbeta) and to the column side
   sum_i dM_ij a_i exp(G_i - G_j) (dk), by the forward's levels: at level s, with E its
-  `level_decay` on the chunk's rows, the row side E * (dM[:, lower] (b E)[lower]) and the column
-  side E * (dM[upper, :]^T (a E)[upper]), dM's gathered halves masked to the level's pairs
-  (`level_rows`): [C, C/2] products, half the full chunk's; the diagonal without decay. Exact per
-  channel, so dq and dk are final, and dg, the reverse chunk-local cumsum of dG, is taken here;
-  dbeta is this tile's part."""
+  `level_decay`, the row side E * (dM_s (b E)) and the column side E * (dM_s^T (a E)), dM_s
+  masked to the level's pairs; the diagonal without decay. Exact per channel, so dq and dk are
+  final, and dg, the reverse chunk-local cumsum of dG, is taken here; dbeta is this tile's part."""
   dt = q_ref.dtype
   prec = precision(dt)
-  C = q_ref.shape[0]
   q, k, G, beta = q_ref[...], k_ref[...], g_ref[...], b_ref[...]
-  dP_diag = jnp.where(diagonal(), dp_ref[...], 0)
-  rows = iota((C,), 0)
+  dP, dA = dp_ref[...], da_ref[...]
+  dP_diag = jnp.where(diagonal(), dP, 0)
+  levels = pair_levels()
 
   def level(s, acc):
     dq, RA, dkc = acc
-    halves = upper, lower, _ = level_rows(s)
-    E, _ = level_decay(G, reference_rows(g_ref, slice(None), s), s)  # on the chunk's rows
-    E_upper, E_lower = half_decays(g_ref, slice(None), halves)
-    kE_lower = (k_ref[lower, :].astype(F32) * E_lower).astype(dt)
-    qE_upper = (q_ref[upper, :].astype(F32) * E_upper).astype(dt)
-    bkE_upper = (k_ref[upper, :].astype(F32) * (E_upper * b_ref[upper][:, None])).astype(dt)
-    # dM's columns of the lower halves on the rows of the upper halves, and the other way round
-    to_lower = one_group(s, rows, lower) & ((rows & s) != 0)[:, None]
-    from_upper = one_group(s, upper, rows) & ((rows & s) == 0)[None, :]
-    cols_at, rows_at = (rows[:, None], lower[None, :]), (upper[:, None], rows[None, :])
-    dP_cols, dA_cols = (jnp.where(to_lower, m[cols_at], 0) for m in (dp_ref, da_ref))
-    dP_rows, dA_rows = (jnp.where(from_upper, m[rows_at], 0) for m in (dp_ref, da_ref))
-    return (dq + E * dot(dP_cols, kE_lower, prec), RA + E * dot(dA_cols, kE_lower, prec),
-            dkc + E * (dot_tn(dP_rows, qE_upper, prec) + dot_tn(dA_rows, bkE_upper, prec)))
+    E, _ = level_decay(G, reference_rows(g_ref, slice(None), s), s)
+    kE = k.astype(F32) * E
+    qE, bkE, kE = (q.astype(F32) * E).astype(dt), (kE * beta[:, None]).astype(dt), kE.astype(dt)
+    pairs = levels == s
+    dPs, dAs = jnp.where(pairs, dP, 0), jnp.where(pairs, dA, 0)
+    return (dq + E * dot(dPs, kE, prec), RA + E * dot(dAs, kE, prec),
+            dkc + E * (dot_tn(dPs, qE, prec) + dot_tn(dAs, bkE, prec)))
 
   dq, RA, dkc = over_levels(level, (dot(dP_diag, k, prec), jnp.zeros(q.shape, F32),
                                      dot_tn(dP_diag, q, prec)))

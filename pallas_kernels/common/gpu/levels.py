@@ -8,13 +8,13 @@ i and j differ). Both sides are taken relative to the group's reference row e, t
 lower half: exp(Gq_i - G_j) = exp(Gq_i - G_e) exp(G_e - G_j), both exponents <= 0 as G does not
 increase within a chunk (Gq = G, or RWKV-6's exclusive G - g, which reads the state before its
 token: its row e + 1 is G_e again). So a level is one exp over [C, BK] per operand row
-(`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`same_group`); the
-diagonal i = j has no decay (`diagonal`).
+(`level_decay`) and one [C, C] dot per product, kept to the level's pairs (`pair_levels`,
+`same_group`); the diagonal i = j has no decay (`diagonal`).
 
 A level's pairs also fit a quarter of that dot: the C/2 rows of the upper halves against the C/2
 rows of the lower halves, gathered (`level_rows`, `half_decays`), the product kept where both rows
-are in one group (`one_group`). KDA's score kernels take them so: the forward stores that product
-in place, the backward gathers those halves of the score gradients.
+are in one group (`one_group`). KDA's forward score kernel takes them so and stores that product in
+place.
 """
 from __future__ import annotations
 
@@ -84,6 +84,16 @@ def level_decay(G, G_e, s, Gq=None):
   Gq = G if Gq is None else Gq
   upper = (iota((G.shape[0], 1), 0) & s) != 0   # s a power of two
   return jnp.exp(-jnp.abs(jnp.where(upper, Gq - G_e, G_e - G))), upper
+
+
+def pair_levels():
+  """[C, C] int32: the level s of each pair j < i, 0 on and above the diagonal; a level's pairs
+  are `pair_levels() == s` (one compare, this computed once per kernel)."""
+  i, j = iota((CHUNK, CHUNK), 0), iota((CHUNK, CHUNK), 1)
+  x = i ^ j
+  for shift in (1, 2, 4):
+    x = x | (x >> shift)
+  return jnp.where(i > j, x - (x >> 1), 0)
 
 
 def same_group(s, X):
