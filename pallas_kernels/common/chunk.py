@@ -5,7 +5,6 @@ Chunked arrays are head-major, [B, H, N, C, ...], so intra-chunk products are ba
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

@@ -63,8 +63,7 @@ from pallas_kernels.common.gpu import layout
 from pallas_kernels.common.gpu.config import CHUNK, Static
 from pallas_kernels.common.gpu.fused_recurrent import fused_recurrent
 from pallas_kernels.common.gpu.kernel_math import (F32, SUB, block_unit_lower_inverse, dot, dot_nt,
-                                                   dot_tn, iota, lower_mask, over_value_tiles,
-                                                   precision, scale_rows)
+                                                   dot_tn, lower_mask, over_value_tiles, precision)
 from pallas_kernels.common.gpu.layout import Specs, gate_cumsum, launch, run_chunked, sds
 from pallas_kernels.common.gpu.levels import (diagonal, half_decays, level_decay, level_rows,
                                               one_group, over_levels, pair_levels,
