@@ -285,50 +285,40 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, bh_ref, bl_ref, i_ref, m0t_ref, 
                    dm0_ref,
                    *, scale, bv):
   """One chunk and head (all of K; V in blocks of bv). di, db and dm0 are the chunk's own, with
-  a zero cotangent on its end m' (the caller adds that share).
-
-  Two passes over the value tiles, so that only one [C, K] float32 sum is live at a time: the
-  first sums dq's (do h^T, and dP = do v^T) and stores dq, the second dk's (v dh^T) and writes dv.
-  The chunk's gate matrices and its scores q k^T are formed again after the second pass rather
-  than held through it."""
+  a zero cotangent on its end m' (the caller adds that share)."""
   C, K = k_ref.shape
   V = v_ref.shape[-1]
   dt = q_ref.dtype
   prec = precision(dt)
-  tiles = [pl.ds(j * bv, bv) for j in range(V // bv)]
   q, k = q_ref[...], k_ref[...]
   rz, dd = rz_ref[...], dd_ref[...]
-  dnum = lambda vs: (do_ref[:, vs].astype(F32) * rz[:, None]).astype(dt)
-  chunk = lambda: _chunk(bh_ref[...], bl_ref[...], i_ref[...], m0t_ref[...])
-
-  dqt, dP = jnp.zeros((C, K), F32), jnp.zeros((C, C), F32)
-  for vs in tiles:
-    dn_v = dnum(vs)
-    dqt += dot_nt(dn_v, h_ref[:, vs], prec)
-    dP += dot_nt(dn_v, v_ref[:, vs], prec)
-  ch = chunk()
-  n0 = n0_ref[...]
-  sq = scale * ch.sx
-  dqt += dd[:, None] * n0[None, :]
-  dz = jnp.sum(dqt * (q.astype(F32) * sq[:, None]), axis=1)  # d(x - m) per row
-  dP = jnp.where(ch.causal, dP + dd[:, None], 0.0)
-  dQK = dP * ch.E * scale
-  dq_ref[...] = (dqt * sq[:, None] + dot(dQK.astype(dt), k, prec)).astype(dq_ref.dtype)
-  P_c = (dot_nt(q, k, prec) * (ch.E * scale)).astype(dt)
-  kw_c = (k.astype(F32) * ch.w[:, None]).astype(dt)
-
-  dkw, hdh = jnp.zeros((C, K), F32), jnp.zeros((), F32)
-  for vs in tiles:
-    h, dh = h_ref[:, vs], dh_ref[:, vs]
-    dkw += dot_nt(v_ref[:, vs], dh, prec)
+  ch = _chunk(bh_ref[...], bl_ref[...], i_ref[...], m0t_ref[...])
+  P = dot_nt(q, k, prec) * (ch.E * scale)
+  kw = k.astype(F32) * ch.w[:, None]
+  kw_c, P_c = kw.astype(dt), P.astype(dt)
+  dqt = dkw = jnp.zeros((C, K), F32)
+  dP = jnp.zeros((C, C), F32)
+  hdh = jnp.zeros((), F32)
+  for j in range(V // bv):
+    vs = pl.ds(j * bv, bv)
+    h, dh, v = h_ref[:, vs], dh_ref[:, vs], v_ref[:, vs]
+    dnum = (do_ref[:, vs].astype(F32) * rz[:, None]).astype(dt)
+    dqt += dot_nt(dnum, h, prec)
+    dP += dot_nt(dnum, v, prec)
+    dkw += dot_nt(v, dh, prec)
     hdh += jnp.sum(h.astype(F32) * dh.astype(F32))
-    dv_ref[:, vs] = (dot_tn(P_c, dnum(vs), prec) + dot(kw_c, dh, prec)).astype(dv_ref.dtype)
-  ch = chunk()
-  dn = dn_ref[...]
+    dv_ref[:, vs] = (dot_tn(P_c, dnum, prec) + dot(kw_c, dh, prec)).astype(dv_ref.dtype)
+  n0, dn = n0_ref[...], dn_ref[...]
+  sq = scale * ch.sx
+  qt = q.astype(F32) * sq[:, None]
+  dqt += dd[:, None] * n0[None, :]
+  dP = jnp.where(ch.causal, dP + dd[:, None], 0.0)
   dkw += dn[None, :]
+  dz = jnp.sum(dqt * qt, axis=1)                              # d(x - m) per row
   dQK = dP * ch.E * scale
-  dk_ref[...] = (dot_tn(dQK.astype(dt), q, prec) + dkw * ch.w[:, None]).astype(dk_ref.dtype)
-  dL = dP * (dot_nt(q, k, prec) * (ch.E * scale))
+  dq = dqt * sq[:, None] + dot(dQK.astype(dt), k, prec)
+  dk = dot_tn(dQK.astype(dt), q, prec) + dkw * ch.w[:, None]
+  dL = dP * P
   dw = jnp.sum(dkw * k.astype(F32), axis=1) * ch.w           # d log w_s
   zdec = (hdh + jnp.sum(n0 * dn)) * ch.decay                  # d(x_{C-1} - m') through the decay
   rows = iota((C,), 0)
@@ -342,6 +332,8 @@ def _dchunk_kernel(q_ref, k_ref, v_ref, do_ref, bh_ref, bl_ref, i_ref, m0t_ref, 
   # + i_s, log w_s = b_{C-1} - b_s + i_s - m', x = b + m0, and b_{C-1} in the decay.
   db = (jnp.sum(dL, axis=1) - jnp.sum(dL, axis=0) + dx - dw
         + jnp.where(rows == C - 1, zdec + jnp.sum(dw), 0.0))
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+  dk_ref[...] = dk.astype(dk_ref.dtype)
   di_ref[...] = jnp.sum(dL, axis=0) + dw
   db_ref[...] = db
   dm0_ref[...] = jnp.where(rows == 0, zdec + jnp.sum(dx), 0.0)
