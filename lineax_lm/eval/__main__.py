@@ -174,7 +174,7 @@ def evaluate_recall(args, model, tokenizer, tasks: list[str], out: str, title: s
   if args.corpus:
     corpus = [open(f, encoding="utf-8").read() for f in resolve_paths(args.corpus)]
   rows = ruler.evaluate_tasks(model, tokenizer, tasks, args.lengths, args.num_examples,
-                              args.seed, args.mode, corpus, args.batch_size)
+                              args.seed, args.mode, corpus, args.batch_size, progress=True)
   report.write_rows(rows, os.path.join(out, "recall"), title=f"Recall tasks ({args.mode}): {title}")
   report.line_plot(rows, x="length", y="accuracy", group="task", path=os.path.join(out, "recall.png"),
                    title=f"Recall accuracy ({args.mode}): {title}", logx=True, ylim=(0, 1.02))

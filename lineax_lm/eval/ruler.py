@@ -229,11 +229,11 @@ def score_predictions(examples: Sequence[Example], predictions: Sequence[str]) -
 
 
 def predict(model, tokenizer, examples: Sequence[Example], batch_size: int = 8,
-            max_new_tokens: int | None = None) -> list[str]:
+            max_new_tokens: int | None = None, bar=None) -> list[str]:
   """Greedy generations (cut at the first newline) for examples of one length. Every group is
   `batch_size` prompts (the last one filled up with copies) and generates `max_new_tokens` (None:
   the longest answer + 8), so one compiled program serves every group and, given one
-  `max_new_tokens`, every task of the length."""
+  `max_new_tokens`, every task of the length. `bar`: a tqdm bar advanced by each group's examples."""
   new = max_new_tokens or max(len(e.answer_ids) for e in examples) + 8
   prompts = np.stack([e.prompt_ids for e in examples])
   out = []
@@ -242,6 +242,8 @@ def predict(model, tokenizer, examples: Sequence[Example], batch_size: int = 8,
     filled = np.concatenate([group, np.repeat(group[-1:], batch_size - len(group), axis=0)])
     gen = greedy_generate(model, filled, new)[:len(group)]
     out.extend(cut_at_stop(tokenizer.decode(g.tolist()), ("\n",)) for g in gen)
+    if bar is not None:
+      bar.update(len(group))
   return out
 
 
@@ -258,9 +260,12 @@ def forced_pair(tokenizer, example: Example) -> tuple[list[int], list[int]]:
 
 def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEFAULT_LENGTHS,
                    num_examples: int = 20, seed: int = 0, mode: str = "generate",
-                   corpus: Sequence[str] | None = None, batch_size: int = 8) -> list[dict]:
+                   corpus: Sequence[str] | None = None, batch_size: int = 8,
+                   progress: bool = False) -> list[dict]:
   """Rows {"task", "length", "accuracy", "mode", "num_examples"[, "answer_logprob"]} per task and
-  length (accuracy in [0, 1]; None where the length cannot hold the task)."""
+  length (accuracy in [0, 1]; None where the length cannot hold the task). progress: a tqdm bar
+  (tqdm.auto: a widget in notebooks) over the examples, for runs of many minutes (a teacher
+  scored on a CPU)."""
   if mode not in ("generate", "teacher_forced"):
     raise ValueError(f"`mode` must be 'generate' or 'teacher_forced'; got {mode!r}")
   lengths = list(lengths)
@@ -269,6 +274,11 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
   if num_examples < 1:
     raise ValueError(f"`num_examples` must be >= 1; got {num_examples}")
   scorer = as_scorer(model, batch_size) if mode == "teacher_forced" else None
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=len(lengths) * len(resolve_tasks(tasks)) * num_examples, unit="example",
+               desc="recall tasks", dynamic_ncols=True)
   rows = {}
   for L in lengths:
     examples = {}
@@ -281,15 +291,21 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
     new = max((len(e.answer_ids) for ex in examples.values() if ex for e in ex), default=0) + 8
     for task, ex in examples.items():
       row = dict(task=task, length=L, mode=mode, num_examples=num_examples, accuracy=None)
+      if bar is not None:
+        bar.set_postfix(task=task, length=L)
       if ex is None:
         pass
       elif mode == "generate":
-        row["accuracy"] = score_predictions(ex, predict(model, tokenizer, ex, batch_size, new))
+        row["accuracy"] = score_predictions(ex, predict(model, tokenizer, ex, batch_size, new, bar))
       else:
         res = score_pairs(scorer, [forced_pair(tokenizer, e) for e in ex])
         row["accuracy"] = float(np.mean([g for _, g in res]))
         row["answer_logprob"] = float(np.mean([ll for ll, _ in res]))
+      if bar is not None and (ex is None or mode != "generate"):
+        bar.update(num_examples)
       rows[task, L] = row
+  if bar is not None:
+    bar.close()
   return [rows[task, L] for task in resolve_tasks(tasks) for L in lengths]
 
 

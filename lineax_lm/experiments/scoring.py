@@ -175,7 +175,7 @@ def score_control(size, out: str, teacher: str = "smollm2") -> dict:
   start = time.time()
   rows = ruler.evaluate_tasks(model, tokenizer, tasks=list(size.ruler_tasks), lengths=size.ruler_lengths,
                               num_examples=size.ruler_examples, mode=size.ruler_mode,
-                              batch_size=size.eval_batch)
+                              batch_size=size.eval_batch, progress=True)
   result = dict(name=teacher, description=CONTROLS[teacher], settings=control_settings(size), ruler=rows,
                 **ruler.ruler_means(rows), eval_seconds=round(time.time() - start, 1))
   report.write_json(os.path.join(out, CONTROL_FILE), result)

@@ -95,7 +95,7 @@ def test_bits_per_byte_count_utf8_bytes_not_characters(model):
   assert res["bits_per_byte"] == pytest.approx(res["bits_per_token"], rel=1e-6)
 
 
-def test_teacher_forced_greedy_match_agrees_with_generate(model):
+def test_teacher_forced_greedy_match_agrees_with_generate(model, capsys):
   scorer = scoring.Scorer(model, batch_size=4)
   prompts = np.random.default_rng(1).integers(0, 256, (3, 24)).astype(np.int32)
   gen = scoring.greedy_generate(model, prompts, 4)
@@ -103,7 +103,9 @@ def test_teacher_forced_greedy_match_agrees_with_generate(model):
   assert all(g for _, g in right)
   wrong = scoring.score_pairs(scorer, [(p.tolist(), ((g + 1) % 256).tolist()) for p, g in zip(prompts, gen)])
   assert not any(g for _, g in wrong)
-  rows = ruler.evaluate_tasks(model, TOK, "niah_single", lengths=(512,), num_examples=2, mode="generate")
+  rows = ruler.evaluate_tasks(model, TOK, "niah_single", lengths=(512,), num_examples=2, mode="generate",
+                              progress=True)
+  assert "2/2" in capsys.readouterr().err   # the bar counted both examples
   rows += ruler.evaluate_tasks(scorer, TOK, "niah_single", lengths=(512,), num_examples=2,
                                mode="teacher_forced")
   assert [r["mode"] for r in rows] == ["generate", "teacher_forced"]
