@@ -273,16 +273,17 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
     raise ValueError(f"`lengths` must be one or more integers >= 1; got {lengths}")
   if num_examples < 1:
     raise ValueError(f"`num_examples` must be >= 1; got {num_examples}")
+  task_names = resolve_tasks(tasks)
   scorer = as_scorer(model, batch_size) if mode == "teacher_forced" else None
   bar = None
   if progress:
     from tqdm.auto import tqdm
-    bar = tqdm(total=len(lengths) * len(resolve_tasks(tasks)) * num_examples, unit="example",
+    bar = tqdm(total=len(lengths) * len(task_names) * num_examples, unit="example",
                desc="recall tasks", dynamic_ncols=True)
   rows = {}
   for L in lengths:
     examples = {}
-    for task in resolve_tasks(tasks):
+    for task in task_names:
       try:
         examples[task] = make_examples(task, tokenizer, L, num_examples, seed, corpus)
       except TooShort:            # e.g. four UUID needles in 512 byte tokens: reported as "-"
@@ -306,7 +307,7 @@ def evaluate_tasks(model, tokenizer, tasks="ruler", lengths: Sequence[int] = DEF
       rows[task, L] = row
   if bar is not None:
     bar.close()
-  return [rows[task, L] for task in resolve_tasks(tasks) for L in lengths]
+  return [rows[task, L] for task in task_names for L in lengths]
 
 
 def ruler_means(rows: Sequence[dict]) -> dict:
