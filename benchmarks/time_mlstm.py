@@ -8,8 +8,11 @@ as one program. For a bisect, each tree in its own process, the trees in alterna
       PYTHONPATH=$PWD/$T python3 benchmarks/time_mlstm.py $T; done; done
 
 Env: MB_B, MB_T (batch, length), MB_N (calls a repetition; the best of five repetitions is kept),
-MB_INTERPRET=1 (the kernels in interpret mode: a CPU check of the script, not a time).
+MB_INTERPRET=1 (the kernels in interpret mode: a CPU check of the script, not a time), MB_STAGES=1
+(also each kernel pass alone: `forward_pass`, `dstate_pass` and `dchunk_pass` jitted on the
+arguments they get in one eager grad).
 """
+import functools
 import os
 import sys
 import time
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels
-from pallas_kernels.mlstm import chunk_mlstm
+from pallas_kernels.mlstm import chunk_mlstm, gpu
 
 B, T, H, K, V = int(os.environ.get("MB_B", 4)), int(os.environ.get("MB_T", 4096)), 16, 128, 128
 rng = np.random.default_rng(0)
@@ -56,3 +59,21 @@ grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
 print(f"{sys.argv[1] if len(sys.argv) > 1 else '.'} ({pallas_kernels.__file__}) mlstm "
       f"fwd {device_ms(fwd, q, k, v, i, f):.3f} ms  grad {device_ms(grad, q, k, v, i, f, do):.3f} ms",
       flush=True)
+
+if os.environ.get("MB_STAGES"):
+  passes = ("forward_pass", "dstate_pass", "dchunk_pass")
+  seen, kernels = {}, {name: getattr(gpu, name) for name in passes}
+
+  def recording(name):
+    def call(st, *args, **kw):
+      if name not in seen and not any(isinstance(a, jax.core.Tracer) for a in args):
+        seen[name] = (st, args, kw)
+      return kernels[name](st, *args, **kw)
+    return call
+
+  for name in passes:  # gpu.py calls them by these module-level names
+    setattr(gpu, name, recording(name))
+  jax.block_until_ready(jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, i, f, do))  # eager
+  times = {name: device_ms(jax.jit(functools.partial(kernels[name], st, **kw)), *args)
+           for name, (st, args, kw) in seen.items()}
+  print("  ".join(f"{name} {ms:.3f} ms" for name, ms in times.items()), flush=True)
