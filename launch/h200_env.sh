@@ -8,6 +8,7 @@
 # grain, 0.2.13, which imports dm-tree and more-itertools besides).
 #   install_missing_wheels [module:wheel ...]   the modules beyond LINEAX_MODULES (e.g. the tests')
 #   find_teacher WORKDIR   the SmolLM2 teacher's GGUF (below)
+#   take_results IN DIR   earlier calls' finished cells into a grid folder (below)
 #   run_limited LOG SECONDS COMMAND...   COMMAND under a time limit (below)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
@@ -30,6 +31,21 @@ install_missing_wheels() {
           "${missing[@]}" 2>&1) || { echo "$log"; return 2; }
   fi
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+# take_results IN DIR: the finished cells of earlier calls into the grid folder DIR (cells already
+# there are kept). IN is a call's results archive (its grid_results.tgz) or a folder of them (one
+# under results/, where each call's archive is unpacked and committed, so no results live only
+# on a machine or outside git). Returns 2, naming IN, when it is neither.
+take_results() {
+  local in=$1 dir=$2
+  if [ -f "$in" ]; then
+    tar xzf "$in" -C "$dir" --skip-old-files && echo "results of an earlier call: $in"
+  elif [ -d "$in" ]; then
+    cp -rn "$in"/. "$dir"/ && echo "results of earlier calls: $in"
+  else
+    echo "RESULTS_IN=$in is neither a results archive nor a folder"; return 2
+  fi
 }
 
 # run_limited LOG SECONDS COMMAND...: prints the GPU and the jax version, then runs COMMAND under

@@ -38,14 +38,8 @@ GRID_DIR=${GRID_DIR:-/tmp/keep/hybrid_$SIZE}
 case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
 mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
-if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
-  tar xzf "$RESULTS_IN" -C "$GRID_DIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
-elif [ -n "${RESULTS_IN:-}" ] && [ -d "$RESULTS_IN" ]; then
-  cp -rn "$RESULTS_IN"/. "$GRID_DIR"/ && echo "results of earlier calls: $RESULTS_IN"
-elif [ -n "${RESULTS_IN:-}" ]; then
-  echo "RESULTS_IN=$RESULTS_IN is neither a results archive nor a folder"; exit 2
-fi
 source "$(dirname "$0")/h200_env.sh"
+if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 install_missing_wheels || exit 2
 # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
 run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \

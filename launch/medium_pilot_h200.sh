@@ -9,7 +9,7 @@
 # Over several device sessions (a machine is held 30 minutes at most, and checkpoints are too big to
 # come back): first the corpus and the control, brought back, then the cells on fresh machines,
 #   TEACHER_PARTS=.teacher_parts STAGE=corpus bash launch/medium_pilot_h200.sh  # to "corpus complete"
-#   RESULTS_IN=grid_results.tgz CORPUS_IN=.corpus_pieces GRID_ARGS="--next 2" \
+#   RESULTS_IN=results/hybrid_medium CORPUS_IN=.corpus_pieces GRID_ARGS="--next 2" \
 #     bash launch/medium_pilot_h200.sh
 # (.corpus_pieces: the corpus.tar.xz.part_* pieces of the first, carried with the call).
 #
@@ -41,9 +41,10 @@
 #   PARALLEL [3] cells at a time on the GPU (unmeasured there: CPU compiles scaled by the small
 #     grid's H200 peaks give about 50 / 25 / 16 GiB for the Transformer / GDN 3:1 / GDN pure, so 1
 #     on an H100)
-#   RESULTS_IN [unset] a results archive of an earlier call (below), unpacked into GRID_DIR first
-#     on a fresh machine: its finished cells and the control are kept; the corpus is sampled again
-#     (the same seeds) unless CORPUS_IN brings it
+#   RESULTS_IN [unset] a results archive of an earlier call (below) or a folder of them
+#     (results/hybrid_medium: each call's archive unpacked there and committed), taken into GRID_DIR
+#     first on a fresh machine: its finished cells and the control are kept; the corpus is sampled
+#     again (the same seeds) unless CORPUS_IN brings it
 #   CORPUS_ARGS [] flags for the corpus stage (e.g. "--shards 24" if sampling is slow: give them on
 #     every call, since cells trained on another shard count are another budget)
 #   GRID_ARGS [] more grid flags (e.g. "--next 2": the cells one session's calls can finish)
@@ -62,11 +63,8 @@ start=$(date +%s)
 left() { echo $(( T_LIMIT - ($(date +%s) - start) )); }
 mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
-if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
-  tar xzf "$RESULTS_IN" -C "$GRID_DIR" --skip-old-files && echo "earlier results: $RESULTS_IN"
-elif [ -n "${RESULTS_IN:-}" ]; then
-  echo "RESULTS_IN=$RESULTS_IN is not a results archive"; exit 2
-fi
+source "$(dirname "$0")/h200_env.sh"
+if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 if [ -n "${CORPUS_IN:-}" ]; then
   pieces=("$CORPUS_IN"/corpus.tar.xz.part_*)
   if [ ! -f "${pieces[0]}" ]; then
@@ -78,7 +76,6 @@ if [ -n "${CORPUS_IN:-}" ]; then
   fi
   echo "corpus from $CORPUS_IN (${#pieces[@]} pieces)"
 fi
-source "$(dirname "$0")/h200_env.sh"
 install_missing_wheels || exit 2
 
 corpus_complete() {

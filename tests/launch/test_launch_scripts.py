@@ -125,6 +125,31 @@ def test_h200_env_installs_only_what_is_missing(tmp_path):
   assert out.stdout.strip().endswith("rc=2")
 
 
+def test_h200_env_takes_earlier_results_from_an_archive_or_a_folder(tmp_path):
+  # The grid launch scripts' RESULTS_IN: a call's grid_results.tgz or a committed results folder;
+  # a cell already in the grid folder is kept; anything else is refused, naming it.
+  env_sh = os.path.join(ROOT, "launch", "h200_env.sh")
+  cells = tmp_path / "results" / "cells"
+  for cell in ("a", "b"):
+    (cells / cell).mkdir(parents=True)
+    (cells / cell / "result.json").write_text(f'{{"cell": "{cell}"}}')
+  subprocess.run(["tar", "czf", str(tmp_path / "grid_results.tgz"), "-C", str(tmp_path / "results"),
+                  "cells"], check=True)
+  for source in ("grid_results.tgz", "results"):
+    grid = tmp_path / f"grid_{source}"
+    (grid / "cells" / "a").mkdir(parents=True)
+    (grid / "cells" / "a" / "result.json").write_text('{"cell": "kept"}')
+    out = subprocess.run(["bash", "-c", f"source {env_sh} && take_results {source} {grid}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (grid / "cells" / "a" / "result.json").read_text() == '{"cell": "kept"}'
+    assert (grid / "cells" / "b" / "result.json").read_text() == '{"cell": "b"}'
+  out = subprocess.run(["bash", "-c", f"source {env_sh} && take_results no_such_thing {tmp_path}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 2
+  assert "RESULTS_IN=no_such_thing is neither a results archive nor a folder" in out.stdout
+
+
 def test_medium_pilot_brings_its_corpus_back_and_takes_it_in(tmp_path):
   """STAGE=corpus samples the corpus (the `tiny` size's, from the random tiny teacher) and brings it
   back as pieces; a fresh GRID_DIR given them as CORPUS_IN has the same corpus, complete, with no
