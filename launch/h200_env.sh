@@ -8,7 +8,7 @@
 # grain, 0.2.13, which imports dm-tree and more-itertools besides).
 #   install_missing_wheels [module:wheel ...]   the modules beyond LINEAX_MODULES (e.g. the tests')
 #   find_teacher WORKDIR   the SmolLM2 teacher's GGUF (below)
-#   take_results IN DIR   earlier calls' finished cells into a grid folder (below)
+#   take_results IN DIR   earlier calls' results into a grid folder or a study's workdir (below)
 #   run_limited LOG SECONDS COMMAND...   COMMAND under a time limit (below)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
@@ -33,10 +33,11 @@ install_missing_wheels() {
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 }
 
-# take_results IN DIR: the finished cells of earlier calls into the grid folder DIR (cells already
-# there are kept). IN is a call's results archive (its grid_results.tgz) or a folder of them (one
-# under results/, where each call's archive is unpacked and committed, so no results live only
-# on a machine or outside git). Returns 2, naming IN, when it is neither.
+# take_results IN DIR: the results of earlier calls (finished cells, students) into DIR, a grid
+# folder or a study's workdir (files already there are kept). IN is a call's results archive (its
+# grid_results.tgz or study_results.tgz) or a folder of them (one under results/, where each call's
+# archive is unpacked and committed, so no results live only on a machine or outside git). Returns
+# 2, naming IN, when it is neither.
 take_results() {
   local in=$1 dir=$2
   if [ -f "$in" ]; then
