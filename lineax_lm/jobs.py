@@ -6,6 +6,9 @@ mostly XLA compilation on the host's CPUs and little device time, so N of them s
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import signal
 import subprocess
 import time
@@ -68,6 +71,20 @@ def run_parallel(jobs: dict[str, list[str]], parallel: int, log_path: Callable[[
   if stopped:
     raise Stopped(stopped[0])
   return failed
+
+
+@contextlib.contextmanager
+def one_at_a_time(lock_path: str):
+  """Holds an exclusive lock on `lock_path` (made if missing) for the block: of the processes that
+  enter it with the same path, one runs it at a time, the others wait their turn. The lock goes
+  with the process (flock), so a job killed inside the block does not leave it held."""
+  os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
+  with open(lock_path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def without_flags(argv: list[str], flags: tuple[str, ...]) -> list[str]:

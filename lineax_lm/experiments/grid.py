@@ -70,6 +70,7 @@ import time
 
 import ml_collections
 
+from lineax_lm import jobs
 from lineax_lm.eval import report
 from lineax_lm.experiments import claims
 from lineax_lm.experiments import sizes as sizes_lib
@@ -81,6 +82,9 @@ from lineax_lm.experiments.scoring import (CONTROLS, ensure_control, load_contro
 from lineax_lm.experiments.tables import write_outputs
 
 log = logging.getLogger("lineax_lm")
+
+
+SCORING_LOCK = ".scoring.lock"   # under --out: the cells' turns at scoring
 
 
 def train_cell(config, run_dir: str) -> dict:
@@ -147,13 +151,17 @@ def _score(cell: dict, size, out: str, run_dir: str, summary: dict, start: float
   result.update(size=size.name, label=sizes_lib.label(cell["mixer"]), steps=summary.get("step"),
                 train_loss=summary.get("loss"), tokens_per_s=summary.get("tokens_per_s"),
                 train_seconds=train_seconds)
-  final_ruler = None   # the needle curve's point at the final step, where it is every task's
-  if size.checkpoint_tokens:
-    curve = score_needle_curve(cell_dir, size)
-    if (curve["points"] and curve["points"][-1]["step"] == summary.get("step")
-        and curve["settings"]["tasks"] == list(size.ruler_tasks)):
-      final_ruler = curve["points"][-1]["ruler"]
-  result.update(score_cell(cell_dir, size, final_ruler))
+  # The cells sharing a GPU (--parallel) score one at a time: scoring pads every row to
+  # size.eval_length, and at `small`'s 8,192 tokens a cell asks for 12 GiB at once; six scored
+  # together ran out of an H100's memory while training alone fits.
+  with jobs.one_at_a_time(os.path.join(out, SCORING_LOCK)):
+    final_ruler = None   # the needle curve's point at the final step, where it is every task's
+    if size.checkpoint_tokens:
+      curve = score_needle_curve(cell_dir, size)
+      if (curve["points"] and curve["points"][-1]["step"] == summary.get("step")
+          and curve["settings"]["tasks"] == list(size.ruler_tasks)):
+        final_ruler = curve["points"][-1]["ruler"]
+    result.update(score_cell(cell_dir, size, final_ruler))
   result["seconds"] = round(time.time() - start, 1)
   report.write_json(path, result)
   return result
@@ -270,7 +278,6 @@ def run_cells_in_processes(groups: list[list[dict]], out: str, corpus: str, para
   """Each group of cells by `python -m lineax_lm.experiments.grid --only <cell>,...` in its own
   process, at most `parallel` at a time. A signal stops them (they save) and raises
   trainer.Interrupted."""
-  from lineax_lm import jobs
   from lineax_lm.train.trainer import Interrupted
   base = [sys.executable, "-m", "lineax_lm.experiments.grid"] + jobs.without_flags(
       sys.argv[1:] if argv is None else list(argv), ("--only", "--parallel", "--corpus", "--next"))

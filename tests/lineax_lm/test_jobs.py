@@ -31,6 +31,24 @@ def test_jobs_run_at_most_parallel_at_a_time_and_failures_are_named(tmp_path):
     jobs.run_parallel(commands, 0, str)
 
 
+def test_one_at_a_time_runs_the_blocks_of_several_processes_in_turn(tmp_path):
+  # Three jobs run at once, each recording when its locked block starts and ends: the blocks never
+  # overlap; a job killed inside the block leaves the lock free (flock goes with the process).
+  script = ("import sys, time; from lineax_lm import jobs\n"
+            "with jobs.one_at_a_time(sys.argv[2]):\n"
+            "  open(sys.argv[1], 'a').write(f'{time.time()} start\\n'); time.sleep(0.3)\n"
+            "  open(sys.argv[1], 'a').write(f'{time.time()} end\\n')\n"
+            "  if sys.argv[3] == '1': import os; os._exit(3)\n")
+  stamps, lock = str(tmp_path / "stamps"), str(tmp_path / "out" / ".lock")
+  commands = {f"job{i}": [sys.executable, "-c", script, stamps, lock, str(int(i == 0))]
+              for i in range(3)}
+  failed = jobs.run_parallel(commands, 3, lambda name: str(tmp_path / f"{name}.log"),
+                             echo=lambda line: None)
+  assert failed == ["job0"]
+  events = sorted((float(t), kind) for t, kind in (line.split() for line in open(stamps)))
+  assert [kind for _, kind in events] == ["start", "end"] * 3
+
+
 def test_sigterm_reaches_the_running_jobs_and_nothing_new_starts(tmp_path):
   # The job notes the SIGTERM it gets (a trainer saves there); the second job never starts.
   script = ("import signal, sys, time\n"

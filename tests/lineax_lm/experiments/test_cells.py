@@ -60,7 +60,7 @@ def test_small_cells_score_heldout_text_only():
   assert [docs[i] for i in range(len(docs))] == heldout and len(heldout) == 24
 
 
-@pytest.mark.parametrize("size", ["small_conv_recall", "small_recall"])
+@pytest.mark.parametrize("size", ["small_conv_recall", "small_recall", "small"])
 def test_the_committed_small_cells_are_finished_cells_of_the_current_config(size):
   """results/hybrid_<size> holds the cells the H200 has run, in the grid's layout, and the next call
   resumes from them (launch/hybrid_study_h200.sh, RESULTS_IN): a change to a cell's config, the
