@@ -36,10 +36,12 @@ def time_step(trainer, batch, steps: int) -> tuple[float, float]:
   return first, float(np.median(times))
 
 
-def measure(size: str, cell_flag: str, seeds: int, steps: int) -> dict:
+def cell_setup(size: str, cell_flag: str):
+  """(cell name, training config, mesh, model config, batch) of a grid cell at seed 0, where
+  batch(*lead) draws random-token rows [*lead, B, L] (`lead`: a population's seed axis)."""
   from lineax_lm import sharding
   from lineax_lm.experiments import cells
-  from lineax_lm.train.trainer import Trainer, validate_config
+  from lineax_lm.train.trainer import validate_config
   (cell,) = cells.build_cells(size, cell_flag + "@0", corpus="")
   config = cell["config"]
   mesh = sharding.make_mesh(config.mesh)
@@ -49,11 +51,18 @@ def measure(size: str, cell_flag: str, seeds: int, steps: int) -> dict:
   tokens = lambda *shape: rng.integers(0, model_cfg.vocab_size, shape, dtype=np.int32)
   batch = lambda *lead: dict(inputs=tokens(*lead, B, L), targets=tokens(*lead, B, L),
                              loss_mask=np.ones((*lead, B, L), np.int32))
+  return cell["name"], config, mesh, model_cfg, batch
+
+
+def measure(size: str, cell_flag: str, seeds: int, steps: int) -> dict:
+  from lineax_lm.train.trainer import Trainer
+  name, config, mesh, model_cfg, batch = cell_setup(size, cell_flag)
+  B, L = config.data.global_batch_size, config.data.seq_len
   with jax.set_mesh(mesh):
     lone_first, lone = time_step(Trainer(config, model_cfg, mesh), batch(), steps)
     pop_first, pop = time_step(Trainer(config, model_cfg, mesh, seeds=tuple(range(seeds))),
                                batch(seeds), steps)
-  return dict(size=size, cell=cell["name"], seeds=seeds, tokens_per_step=B * L,
+  return dict(size=size, cell=name, seeds=seeds, tokens_per_step=B * L,
               lone_step_ms=1e3 * lone, lone_first_s=lone_first,
               population_step_ms=1e3 * pop, population_first_s=pop_first,
               speedup=seeds * lone / pop)

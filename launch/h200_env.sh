@@ -10,6 +10,7 @@
 #   find_teacher WORKDIR   the SmolLM2 teacher's GGUF (below)
 #   take_results IN DIR   earlier calls' results into a grid folder or a study's workdir (below)
 #   run_limited LOG SECONDS COMMAND...   COMMAND under a time limit (below)
+#   start_mps DIR / stop_mps   processes sharing the GPU through CUDA MPS (below)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
   psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf
@@ -103,4 +104,29 @@ find_teacher() {
     echo "teacher $teacher is not a file"; return 2
   fi
   return 0
+}
+
+# start_mps DIR: a CUDA MPS control daemon of the call's own (its pipe and log folders under DIR),
+# with CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY exported, so the processes started after
+# it share the GPU as one context: their kernels overlap, where plain processes time-slice (a
+# `small` cell's step, four processes: 131.7 ms each plain, 104.7 ms under MPS on one H100,
+# benchmarks/concurrent_cells.py). Returns 2, saying why, when the daemon cannot start. stop_mps:
+# quits it (the call's last step; a daemon left running outlives the call).
+start_mps() {
+  local dir=$1
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "MPS: nvidia-cuda-mps-control is not on PATH"; return 2
+  fi
+  mkdir -p "$dir/pipe" "$dir/log"
+  export CUDA_MPS_PIPE_DIRECTORY="$dir/pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
+  if ! nvidia-cuda-mps-control -d; then
+    echo "MPS: the control daemon did not start (log: $dir/log)"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 2
+  fi
+  echo "MPS: the cells share the GPU through a daemon of this call ($dir)"
+}
+
+stop_mps() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }

@@ -27,7 +27,9 @@
 #   flags (--config.train.log_every=40 ...; --population trains a cell's seeds as one program, one
 #   process a cell: NEXT=6 PARALLEL=2 runs two cells of three seeds each; measured 1.22x a GDN 3:1
 #   cell's tokens/s on an H100, and the Transformer's three seeds ran out of memory there, so the
-#   seeds grids run without it: docs/hybrid_study.md)
+#   seeds grids run without it: docs/hybrid_study.md)   MPS [unset] 1: the cells share the GPU
+#   through CUDA MPS (start_mps in launch/h200_env.sh: four `small` cells stepped 1.26x faster
+#   than as plain processes on one H100)
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
 # set: the log, tables.md, claims.md and grid_results.tgz (every finished cell's result.json and
@@ -41,10 +43,12 @@ export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 install_missing_wheels || exit 2
+if [ -n "${MPS:-}" ]; then start_mps "$GRID_DIR/mps" || exit 2; fi
 # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
 run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experiments.grid \
   --size "$SIZE" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} ${NEXT:+--next "$NEXT"} \
   --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
+stop_mps
 if [ -n "${OUT:-}" ]; then
   (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md results.md \
     control.json \

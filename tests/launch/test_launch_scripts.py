@@ -150,6 +150,30 @@ def test_h200_env_takes_earlier_results_from_an_archive_or_a_folder(tmp_path):
   assert "RESULTS_IN=no_such_thing is neither a results archive nor a folder" in out.stdout
 
 
+def test_h200_env_starts_and_quits_an_mps_daemon_of_its_own(tmp_path):
+  # start_mps: the daemon started with the call's own pipe folder, exported for the processes
+  # after it; stop_mps sends it "quit". Without the control binary it refuses, naming it.
+  env_sh = os.path.join(ROOT, "launch", "h200_env.sh")
+  fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+  fake.parent.mkdir()
+  calls = tmp_path / "calls"
+  fake.write_text(f"#!/bin/bash\nif [ \"$1\" = -d ]; then echo \"daemon $CUDA_MPS_PIPE_DIRECTORY\" "
+                  f">> {calls}; else read line; echo \"command $line\" >> {calls}; fi\n")
+  fake.chmod(0o755)
+  script = (f"source {env_sh} && start_mps {tmp_path}/mps && echo pipe=$CUDA_MPS_PIPE_DIRECTORY && "
+            "stop_mps && echo after=${CUDA_MPS_PIPE_DIRECTORY:-unset}")
+  path = f"{fake.parent}:{os.environ['PATH']}"
+  out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                       env={"PATH": path, "HOME": str(tmp_path)})
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert f"pipe={tmp_path}/mps/pipe" in out.stdout and "after=unset" in out.stdout
+  assert calls.read_text().splitlines() == [f"daemon {tmp_path}/mps/pipe", "command quit"]
+  out = subprocess.run(["bash", "-c", f"source {env_sh} && start_mps {tmp_path}/m2; echo rc=$?"],
+                       capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+  assert "MPS: nvidia-cuda-mps-control is not on PATH" in out.stdout and "rc=2" in out.stdout
+
+
 def test_medium_pilot_brings_its_corpus_back_and_takes_it_in(tmp_path):
   """STAGE=corpus samples the corpus (the `tiny` size's, from the random tiny teacher) and brings it
   back as pieces; a fresh GRID_DIR given them as CORPUS_IN has the same corpus, complete, with no
