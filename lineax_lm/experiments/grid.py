@@ -185,8 +185,10 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
              control: str = "", population: bool = False) -> list[dict]:
   """Runs every cell not yet finished (see the module docstring); returns every result in `out`.
   `corpus` None: the size's `default_corpus`; "": none (`overrides` name the data).
-  `next_cells`: only the first that many unfinished cells (in the grid's order), e.g. as many as
-  one call of a machine with a time limit can finish (a fresh machine loses a half-trained cell).
+  `next_cells`: only the first that many unfinished cells, e.g. as many as one call of a machine
+  with a time limit can finish (a fresh machine loses a half-trained cell). Cells run in the
+  grid's order at seed 0, then at seed 1, ... (a grid cut short has every cell at one seed before
+  any at two), except that `population` keeps a cell's seeds together.
   `parallel` > 1: each unfinished cell in a process of its own (`--only <cell>`, the rest of the
   command line `argv` unchanged), that many at a time (`lineax_lm.jobs`); its log in
   `cells/<cell>/cell.log`. `control`: a teacher of CONTROLS scored first (`score_control`) unless
@@ -209,6 +211,8 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
     raise NotReady(str(e)) from None
   for cell in build_cells(size_name, "", corpus, overrides, accelerator):   # every cell of the size
     set_aside_if_stale(out, cell)
+  if not population:   # every cell at seed 0 first: a grid cut short is whole at one seed
+    cells = sorted(cells, key=lambda c: c["seed"])
   if next_cells is not None:
     cells = [c for c in cells if not finished(out, c)][:next_cells]
   report.write_json(os.path.join(out, f"grid_{size_name}.json"),

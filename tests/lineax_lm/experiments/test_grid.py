@@ -118,14 +118,16 @@ def test_next_runs_only_the_first_unfinished_cells(tmp_path, monkeypatch):
 
   monkeypatch.setattr(grid, "run_seeds", run_seeds)
   monkeypatch.setattr(grid, "write_outputs", lambda results, out_dir: "")
-  args = dict(only="hgrn,gla:6:1", corpus=cells.default_corpus(sizes.get_size("small")),
+  args = dict(only="hgrn,gla:6:1,gla:3:1", corpus=cells.default_corpus(sizes.get_size("small")),
               progress=False, accelerator=False)
   grid.run_grid("small", out, next_cells=2, **args)
   assert ran == ["hgrn_24-1", "hgrn_12-1"]
   grid.run_grid("small", out, next_cells=3, **args)
   assert ran[2:] == ["hgrn_6-1", "hgrn_3-1", "hgrn_pure"]
+  grid.run_grid("small", out, next_cells=3, **args)   # every cell at seed 0 before any at seed 1
+  assert ran[5:] == ["gla_6-1", "gla_3-1", "gla_6-1_s1"]
   grid.run_grid("small", out, next_cells=3, **args)
-  assert ran[5:] == ["gla_6-1", "gla_6-1_s1", "gla_6-1_s2"]
+  assert ran[8:] == ["gla_3-1_s1", "gla_6-1_s2", "gla_3-1_s2"]
 
 
 def test_config_overrides_reach_every_cell_and_bad_ones_say_which(tmp_path, monkeypatch, capsys):
