@@ -111,7 +111,8 @@ find_teacher() {
 # it share the GPU as one context: their kernels overlap, where plain processes time-slice (a
 # `small` cell's step, four processes: 131.7 ms each plain, 104.7 ms under MPS on one H100,
 # benchmarks/concurrent_cells.py). Returns 2, saying why, when the daemon cannot start. stop_mps:
-# quits it (the call's last step; a daemon left running outlives the call).
+# quits the daemon start_mps started, if any (the call's last step; a daemon left running outlives
+# the call).
 start_mps() {
   local dir=$1
   if ! command -v nvidia-cuda-mps-control >/dev/null; then
@@ -123,10 +124,12 @@ start_mps() {
     echo "MPS: the control daemon did not start (log: $dir/log)"
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; return 2
   fi
+  mps_started=$dir
   echo "MPS: the cells share the GPU through a daemon of this call ($dir)"
 }
 
-stop_mps() {
-  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+stop_mps() {   # only the daemon start_mps started: one the caller's environment names is not ours
+  [ -n "${mps_started:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY mps_started
 }

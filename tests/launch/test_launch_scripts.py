@@ -168,6 +168,11 @@ def test_h200_env_starts_and_quits_an_mps_daemon_of_its_own(tmp_path):
   assert out.returncode == 0, out.stdout + out.stderr
   assert f"pipe={tmp_path}/mps/pipe" in out.stdout and "after=unset" in out.stdout
   assert calls.read_text().splitlines() == [f"daemon {tmp_path}/mps/pipe", "command quit"]
+  out = subprocess.run(["bash", "-c", f"source {env_sh} && stop_mps && echo pipe=$CUDA_MPS_PIPE_DIRECTORY"],
+                       capture_output=True, text=True, timeout=60,  # a daemon the caller runs: kept
+                       env={"PATH": path, "HOME": str(tmp_path), "CUDA_MPS_PIPE_DIRECTORY": "/theirs"})
+  assert out.returncode == 0 and "pipe=/theirs" in out.stdout, out.stdout + out.stderr
+  assert len(calls.read_text().splitlines()) == 2
   out = subprocess.run(["bash", "-c", f"source {env_sh} && start_mps {tmp_path}/m2; echo rc=$?"],
                        capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
