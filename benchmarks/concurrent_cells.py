@@ -52,17 +52,16 @@ def worker(size: str, cell_flag: str, ready_dir: str, procs: int, steps: int) ->
 
 def run_count(a, procs: int, env: dict) -> list[dict]:
   """`procs` workers at once; their rows."""
-  ready = tempfile.mkdtemp(prefix="ready_")
-  cmd = [sys.executable, __file__, "--worker", "--size", a.size, "--cell", a.cell, "--ready", ready,
-         "--procs_in_run", str(procs), "--steps", str(a.steps)]
-  running = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
-  rows = []
-  for p in running:
-    out, _ = p.communicate()
-    if p.returncode != 0:
-      raise RuntimeError(f"a worker of {procs} exited with {p.returncode}")
-    rows.append(json.loads(out.strip().splitlines()[-1]))
-  shutil.rmtree(ready, ignore_errors=True)
+  with tempfile.TemporaryDirectory(prefix="ready_") as ready:
+    cmd = [sys.executable, __file__, "--worker", "--size", a.size, "--cell", a.cell, "--ready", ready,
+           "--procs_in_run", str(procs), "--steps", str(a.steps)]
+    running = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    rows = []
+    for p in running:
+      out, _ = p.communicate()
+      if p.returncode != 0:
+        raise RuntimeError(f"a worker of {procs} exited with {p.returncode}")
+      rows.append(json.loads(out.strip().splitlines()[-1]))
   return rows
 
 
@@ -119,6 +118,8 @@ def main(argv=None) -> int:
   finally:
     if mps_env is not None:
       subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=mps_env)
+    if mps_folder:
+      shutil.rmtree(mps_folder, ignore_errors=True)
   return 0
 
 
