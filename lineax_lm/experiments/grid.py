@@ -85,6 +85,7 @@ log = logging.getLogger("lineax_lm")
 
 
 SCORING_LOCK = ".scoring.lock"   # under --out: the cells' turns at scoring
+TRAIN_SECONDS_FILE = "train_seconds"  # in a cell's run folder: its training time over every run
 
 
 def train_cell(config, run_dir: str) -> dict:
@@ -128,16 +129,33 @@ def run_seeds(cells: list[dict], size, out: str) -> list[dict]:
   if todo:
     start = time.time()
     run_dirs = [os.path.join(os.path.dirname(result_path(out, c)), "run") for c in todo]
-    summaries = train_seeds([c["config"] for c in todo], run_dirs)
-    train_seconds = round(time.time() - start, 1)
-    for cell, run_dir, summary in zip(todo, run_dirs, summaries):
-      results[cell["name"]] = _score(cell, size, out, run_dir, summary, start, train_seconds)
+    try:
+      summaries = train_seeds([c["config"] for c in todo], run_dirs)
+    finally:  # a run stopped mid-training (a time limit, SIGTERM) counts too: its cell resumes
+      totals = [add_train_seconds(d, time.time() - start) for d in run_dirs]
+    for cell, run_dir, summary, total in zip(todo, run_dirs, summaries, totals):
+      results[cell["name"]] = _score(cell, size, out, run_dir, summary, total)
   return [results[c["name"]] for c in cells]
 
 
-def _score(cell: dict, size, out: str, run_dir: str, summary: dict, start: float,
-           train_seconds: float) -> dict:
-  """A trained cell's result.json: its training summary, scores and timings."""
+def add_train_seconds(run_dir: str, seconds: float) -> float:
+  """Adds one run's training time to the total kept in `run_dir` and returns the total: a cell
+  resumed from its checkpoints reports the time of every run that trained it, not of the last."""
+  path = os.path.join(run_dir, TRAIN_SECONDS_FILE)
+  before = 0.0
+  if os.path.exists(path):
+    with open(path) as f:
+      before = float(f.read())
+  total = round(before + seconds, 1)
+  if os.path.isdir(run_dir):  # absent where the run failed before it made its folder
+    report.write_atomically(path, lambda f: f.write(f"{total}\n"))
+  return total
+
+
+def _score(cell: dict, size, out: str, run_dir: str, summary: dict, train_seconds: float) -> dict:
+  """A trained cell's result.json: its training summary, scores and timings (`seconds`: training
+  over every run, then this run's scoring)."""
+  start = time.time()
   path = result_path(out, cell)
   cell_dir = os.path.dirname(path)
   if summary.get("loss") is None:  # trained to the end before (stopped while scored): its log has it
@@ -162,7 +180,7 @@ def _score(cell: dict, size, out: str, run_dir: str, summary: dict, start: float
           and curve["settings"]["tasks"] == list(size.ruler_tasks)):
         final_ruler = curve["points"][-1]["ruler"]
     result.update(score_cell(cell_dir, size, final_ruler))
-  result["seconds"] = round(time.time() - start, 1)
+  result["seconds"] = round(train_seconds + time.time() - start, 1)
   report.write_json(path, result)
   return result
 

@@ -51,6 +51,7 @@ def test_tiny_grid_runs_skips_and_resumes(tmp_path, monkeypatch):
   assert open(metrics).read() == logged                   # resumed at its last step: no step retrained
   assert again[1]["train_loss"] is not None and again[1]["tokens_per_s"] is not None  # from its log
   assert again[1]["steps"] == 6 and os.path.exists(os.path.join(out, "cells", "transformer", "result.json"))
+  assert again[1]["train_seconds"] >= results[1]["train_seconds"]  # the first run's time counts too
 
 
 def test_a_signal_stops_the_grid_before_the_result(tmp_path, monkeypatch):
