@@ -1,6 +1,7 @@
 """Study cells sharing one GPU: N processes each stepping a cell, with and without CUDA MPS.
 
-    python benchmarks/concurrent_cells.py --cell gated_deltanet:3:1 --procs 1,4 --mps
+    source launch/h200_env.sh && start_mps /tmp/mps_bench &&
+      python benchmarks/concurrent_cells.py --cell gated_deltanet:3:1 --procs 1,4 --mps; stop_mps
 
 The hybrid grid runs `--parallel N` cells as N processes on one GPU (launch/hybrid_study_h200.sh).
 Without MPS the GPU time-slices between their contexts, so one process's kernels never overlap
@@ -8,15 +9,15 @@ another's; under MPS (`nvidia-cuda-mps-control -d`) they share the GPU as one co
 each process count this starts that many copies of the grid's jitted step (lineax_lm.train.trainer
 .Trainer, a `small` cell on random tokens), lets each compile and take three steps, waits until all
 are ready, then times `--steps` steps in every process at once; it prints each count's step time
-and the cells' combined steps a second over one process alone. MPS runs get their own daemon
-(pipe and log folders under a temporary folder), quit at the end. Details go to --json.
+and the cells' combined steps a second over one process alone. MPS runs are clients of the daemon
+that CUDA_MPS_PIPE_DIRECTORY names (the launch scripts' own, `start_mps` of launch/h200_env.sh);
+the plain runs leave that variable out, so they do not reach it. Details go to --json.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,14 +66,7 @@ def run_count(a, procs: int, env: dict) -> list[dict]:
   return rows
 
 
-def start_mps(folder: str) -> dict:
-  """An MPS control daemon of its own; the environment its clients need."""
-  env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=os.path.join(folder, "pipe"),
-             CUDA_MPS_LOG_DIRECTORY=os.path.join(folder, "log"))
-  for d in ("pipe", "log"):
-    os.makedirs(os.path.join(folder, d), exist_ok=True)
-  subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True)
-  return env
+MPS_VARIABLES = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
 def main(argv=None) -> int:
@@ -91,35 +85,27 @@ def main(argv=None) -> int:
     print(json.dumps(worker(a.size, a.cell, a.ready, a.procs_in_run, a.steps)), flush=True)
     return 0
   counts = [int(n) for n in a.procs.split(",")]
-  if a.mps and not shutil.which("nvidia-cuda-mps-control"):
-    p.error("--mps: nvidia-cuda-mps-control is not on PATH")
+  if a.mps and not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+    p.error("--mps: CUDA_MPS_PIPE_DIRECTORY names no MPS daemon; start one first "
+            "(`source launch/h200_env.sh && start_mps DIR`, as this module's docstring shows)")
+  plain_env = {k: v for k, v in os.environ.items() if k not in MPS_VARIABLES}
   runs = [(n, False) for n in counts] + [(n, True) for n in counts if a.mps and n > 1]
   print(f"{a.size} {a.cell}, {a.steps} timed steps a process")
   print("| processes | MPS | step ms (each) | steps/s together, over one alone |")
   print("|---|---|---|---|", flush=True)
   rows, alone = [], None
-  mps_folder = tempfile.mkdtemp(prefix="mps_") if a.mps else None
-  mps_env = None
-  try:
-    for n, mps in runs:
-      if mps and mps_env is None:
-        mps_env = start_mps(mps_folder)
-      got = run_count(a, n, mps_env if mps else dict(os.environ))
-      ms = [r["step_ms"] for r in got]
-      together = sum(1e3 / m for m in ms)
-      alone = alone or (together if n == 1 and not mps else None)
-      rows.append(dict(processes=n, mps=mps, step_ms=ms, steps_per_s=together))
-      ratio = f"{together / alone:.2f}x" if alone else "-"
-      print(f"| {n} | {'yes' if mps else 'no'} | {', '.join(f'{m:.1f}' for m in ms)} | "
-            f"{together:.1f} ({ratio}) |", flush=True)
-      if a.json:
-        with open(a.json, "w") as f:
-          json.dump(dict(size=a.size, cell=a.cell, steps=a.steps, rows=rows), f, indent=1)
-  finally:
-    if mps_env is not None:
-      subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, env=mps_env)
-    if mps_folder:
-      shutil.rmtree(mps_folder, ignore_errors=True)
+  for n, mps in runs:
+    got = run_count(a, n, dict(os.environ) if mps else plain_env)
+    ms = [r["step_ms"] for r in got]
+    together = sum(1e3 / m for m in ms)
+    alone = alone or (together if n == 1 and not mps else None)
+    rows.append(dict(processes=n, mps=mps, step_ms=ms, steps_per_s=together))
+    ratio = f"{together / alone:.2f}x" if alone else "-"
+    print(f"| {n} | {'yes' if mps else 'no'} | {', '.join(f'{m:.1f}' for m in ms)} | "
+          f"{together:.1f} ({ratio}) |", flush=True)
+    if a.json:
+      with open(a.json, "w") as f:
+        json.dump(dict(size=a.size, cell=a.cell, steps=a.steps, rows=rows), f, indent=1)
   return 0
 
 
