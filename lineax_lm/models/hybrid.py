@@ -23,6 +23,8 @@ run through compile.py's `call_shared` / `scan_blocks`.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -322,23 +324,47 @@ def init_params(config: ModelConfig, seed, shardings=None) -> nnx.State:
   key = jax.random.key(seed)
   state = nnx.state(abstract_model(config), nnx.Param)
   out_sh = nnx.to_pure_dict(shardings) if shardings is not None else None
-
-  def top(key):
-    params = nnx.to_pure_dict(nnx.state(HybridLM(config, nnx.Rngs(key), block=_abstract_block), nnx.Param))
-    del params["blocks"]
-    return params
-  params = jax.jit(top, out_shardings=out_sh and {k: v for k, v in out_sh.items() if k != "blocks"})(
-      jax.random.fold_in(key, config.num_layers))
-  programs, blocks = {}, {}
+  top = _init_program(config, None, _Hashable(out_sh and {k: v for k, v in out_sh.items() if k != "blocks"}))
+  params = top(jax.random.fold_in(key, config.num_layers))
+  blocks, first_of_kind = {}, {}
   for i in range(config.num_layers):
-    kind = i in config.attention_indices
-    if kind not in programs:  # a block's parameters do not depend on its index, only on its kind
-      programs[kind] = jax.jit(
-          lambda k, i=i: nnx.to_pure_dict(nnx.state(Block(config, i, nnx.Rngs(k)), nnx.Param)),
-          out_shardings=out_sh and out_sh["blocks"][i])
-    blocks[i] = programs[kind](jax.random.fold_in(key, i))
+    # a block's parameters do not depend on its index, only on its kind: one program per kind
+    first = first_of_kind.setdefault(i in config.attention_indices, i)
+    program = _init_program(config, first, _Hashable(out_sh and out_sh["blocks"][i]))
+    blocks[i] = program(jax.random.fold_in(key, i))
   nnx.replace_by_pure_dict(state, params | {"blocks": blocks})
   return state
+
+
+class _Hashable:
+  """A pytree of shardings (or None) as a cache key: its leaves and structure."""
+
+  def __init__(self, tree):
+    self.tree = tree
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    self._key = (tuple(leaves), treedef)
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, _Hashable) and self._key == other._key
+
+
+@functools.lru_cache(maxsize=32)
+def _init_program(config: ModelConfig, layer: int | None, out_shardings: _Hashable):
+  """The jitted init of block `layer`'s parameters, or (None) of the rest (embedding, final norm,
+  head), kept per config and shardings: a run that starts again in the same process (a resumed
+  run, a population's members, the next notebook cell) reuses the compiled program."""
+  if layer is None:
+    def init(key):
+      params = nnx.to_pure_dict(nnx.state(HybridLM(config, nnx.Rngs(key), block=_abstract_block), nnx.Param))
+      del params["blocks"]
+      return params
+  else:
+    def init(key):
+      return nnx.to_pure_dict(nnx.state(Block(config, layer, nnx.Rngs(key)), nnx.Param))
+  return jax.jit(init, out_shardings=out_shardings.tree)
 
 
 def init_model(config: ModelConfig, seed) -> HybridLM:
