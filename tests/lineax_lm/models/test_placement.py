@@ -9,7 +9,8 @@ from lineax_lm.models.placement import attention_layers
 def test_attention_placement():
   assert attention_layers(24, "3:1") == tuple(range(3, 24, 4))
   assert attention_layers(24, "6:1") == (6, 13, 20)
-  assert attention_layers(24, "12:1") == (12,)
+  with pytest.warns(UserWarning, match=r"places 1 attention layer\(s\) \[12\] \(effective 23:1\)"):
+    assert attention_layers(24, "12:1") == (12,)  # one layer where the ratio asks for two
   assert attention_layers(24, "24:1") == (23,)  # fewer than r + 1 layers: the last one
   assert attention_layers(24, "pure") == ()
   assert attention_layers(5, "transformer") == attention_layers(5, "attention") == (0, 1, 2, 3, 4)
