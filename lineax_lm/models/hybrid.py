@@ -324,38 +324,30 @@ def init_params(config: ModelConfig, seed, shardings=None) -> nnx.State:
   key = jax.random.key(seed)
   state = nnx.state(abstract_model(config), nnx.Param)
   out_sh = nnx.to_pure_dict(shardings) if shardings is not None else None
-  top = _init_program(config, None, _Hashable(out_sh and {k: v for k, v in out_sh.items() if k != "blocks"}))
+  top = _init_program(config, None, *_cache_key(out_sh and {k: v for k, v in out_sh.items() if k != "blocks"}))
   params = top(jax.random.fold_in(key, config.num_layers))
   blocks, first_of_kind = {}, {}
   for i in range(config.num_layers):
     # a block's parameters do not depend on its index, only on its kind: one program per kind
     first = first_of_kind.setdefault(i in config.attention_indices, i)
-    program = _init_program(config, first, _Hashable(out_sh and out_sh["blocks"][i]))
+    program = _init_program(config, first, *_cache_key(out_sh and out_sh["blocks"][i]))
     blocks[i] = program(jax.random.fold_in(key, i))
   nnx.replace_by_pure_dict(state, params | {"blocks": blocks})
   return state
 
 
-class _Hashable:
-  """A pytree of shardings (or None) as a cache key: its leaves and structure."""
-
-  def __init__(self, tree):
-    self.tree = tree
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    self._key = (tuple(leaves), treedef)
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __eq__(self, other):
-    return isinstance(other, _Hashable) and self._key == other._key
+def _cache_key(shardings) -> tuple:
+  """A pytree of shardings (or None) as hashable arguments: its leaves and its structure."""
+  leaves, treedef = jax.tree_util.tree_flatten(shardings)
+  return tuple(leaves), treedef
 
 
 @functools.lru_cache(maxsize=32)
-def _init_program(config: ModelConfig, layer: int | None, out_shardings: _Hashable):
+def _init_program(config: ModelConfig, layer: int | None, sharding_leaves: tuple, sharding_def):
   """The jitted init of block `layer`'s parameters, or (None) of the rest (embedding, final norm,
-  head), kept per config and shardings: a run that starts again in the same process (a resumed
-  run, a population's members, the next notebook cell) reuses the compiled program."""
+  head), kept per config and output shardings (`_cache_key`'s): a run that starts again in the
+  same process (a resumed run, a population's members, the next notebook cell) reuses the compiled
+  program."""
   if layer is None:
     def init(key):
       params = nnx.to_pure_dict(nnx.state(HybridLM(config, nnx.Rngs(key), block=_abstract_block), nnx.Param))
@@ -364,7 +356,7 @@ def _init_program(config: ModelConfig, layer: int | None, out_shardings: _Hashab
   else:
     def init(key):
       return nnx.to_pure_dict(nnx.state(Block(config, layer, nnx.Rngs(key)), nnx.Param))
-  return jax.jit(init, out_shardings=out_shardings.tree)
+  return jax.jit(init, out_shardings=jax.tree_util.tree_unflatten(sharding_def, sharding_leaves))
 
 
 def init_model(config: ModelConfig, seed) -> HybridLM:
