@@ -70,6 +70,14 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+  """The shipped SmolLM2-135M teacher (lineax_lm.distill.checkpoints.load_teacher), read once per
+  test process: parsing its GGUF (49k tokenizer entries) and dequantising takes seconds."""
+  from lineax_lm.distill import checkpoints
+  return checkpoints.load_teacher(checkpoints.smollm2_gguf_path())
+
+
 def pytest_sessionfinish(session):
   if _OWNS_CACHE:
     shutil.rmtree(_CACHE, ignore_errors=True)

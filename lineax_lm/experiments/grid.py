@@ -241,14 +241,19 @@ def run_grid(size_name: str, out: str, *, only: str = "", corpus: str | None = N
     run_cells_in_processes(group([c for c in cells if not finished(out, c)]), out, corpus,
                            parallel, argv)
   bar = tqdm(group(cells), unit="cell", disable=not progress, dynamic_ncols=True)
+  written = None   # the results the tables and plots last showed: each write is seconds of plots
   for seeds in bar:
     bar.set_description(seeds[0]["name"] + (f" x{len(seeds)} seeds" if len(seeds) > 1 else ""))
+    fresh = not all(finished(out, c) for c in seeds)
     result = run_seeds(seeds, size, out)[-1]
     bar.set_postfix(bpb=f"{result['heldout_bits_per_byte']:.3f}",
                     ruler=f"{result['ruler_mean']:.3f}" if result.get("ruler_mean") is not None else "-")
-    write_outputs(load_results(out), out)
+    if fresh:   # kept current as cells finish, for a grid stopped part way
+      written = load_results(out)
+      write_outputs(written, out)
   results = load_results(out)
-  write_outputs(results, out)
+  if results != written:
+    write_outputs(results, out)
   return results
 
 

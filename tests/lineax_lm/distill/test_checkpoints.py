@@ -213,48 +213,44 @@ def test_smollm2_path_needs_the_package(monkeypatch):
 
 # ----------------------------------------------------------------------------- the real teacher
 
-@pytest.fixture(scope="module")
-def smollm2():
-  return checkpoints.load_teacher(checkpoints.smollm2_gguf_path())
-
-
 @pytest.mark.slow  # loads the real 135M teacher
-def test_smollm2_config_and_params(smollm2):
-  c = smollm2.config
+def test_smollm2_config_and_params(smollm2_checkpoint):
+  ckpt = smollm2_checkpoint
+  c = ckpt.config
   assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
           c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]) == (30, 576, 9, 3, 64, 1536)
   assert (c["vocab_size"], c["tie_word_embeddings"], c["rope_theta"], c["rms_norm_eps"]) == (
       49152, True, 100000.0, 1e-5)
   assert (c["max_position_embeddings"], c["bos_token_id"], c["eos_token_id"]) == (8192, 1, 2)
-  assert smollm2.num_params == 134_515_008 and "lm_head.weight" not in smollm2.params
-  assert smollm2.tensor_types["model.embed_tokens.weight"] == "Q8_0"
-  assert smollm2.tensor_types["model.layers.7.mlp.down_proj.weight"] == "Q4_1"
+  assert ckpt.num_params == 134_515_008 and "lm_head.weight" not in ckpt.params
+  assert ckpt.tensor_types["model.embed_tokens.weight"] == "Q8_0"
+  assert ckpt.tensor_types["model.layers.7.mlp.down_proj.weight"] == "Q4_1"
   # Values Hugging Face transformers 5.24 (its own GGUF loader: dequantise + reverse permutation)
   # gives for the same file; exact, since the dequantised values are short dyadic numbers.
-  q = smollm2.params["model.layers.0.self_attn.q_proj.weight"]
+  q = ckpt.params["model.layers.0.self_attn.q_proj.weight"]
   np.testing.assert_array_equal(q[[0, 1, 32, 33, 64], :3], np.array(
       [[-0.0963134765625, 0.1573486328125, -0.0963134765625],
        [-0.1591796875, 0.39794921875, -0.0198974609375],
        [-0.1173095703125, -0.1173095703125, -0.19281005859375],
        [-0.06280517578125, 0.1446533203125, 0.00634765625],
        [0.1126708984375, 0.1126708984375, 0.29119873046875]], np.float32))
-  k = smollm2.params["model.layers.29.self_attn.k_proj.weight"]
+  k = ckpt.params["model.layers.29.self_attn.k_proj.weight"]
   np.testing.assert_array_equal(k[[0, 1, 32, 33, 64], :3], np.array(
       [[0.062408447265625, 0.00433349609375, 0.0333709716796875],
        [0.05859375, -0.02734375, 0.1015625],
        [0.0501708984375, 0.104736328125, -0.03167724609375],
        [0.1531982421875, -0.136688232421875, -0.053863525390625],
        [0.0409393310546875, -0.13177490234375, -0.0084075927734375]], np.float32))
-  np.testing.assert_array_equal(smollm2.params["model.embed_tokens.weight"][504, :4], np.array(
+  np.testing.assert_array_equal(ckpt.params["model.embed_tokens.weight"][504, :4], np.array(
       [0.1096038818359375, 0.017436981201171875, -0.09465789794921875, 0.08220291137695312],
       np.float32))
-  np.testing.assert_array_equal(smollm2.params["model.norm.weight"][:3], [1.7578125, 1.8203125,
+  np.testing.assert_array_equal(ckpt.params["model.norm.weight"][:3], [1.7578125, 1.8203125,
                                                                           1.78125])
 
 
 @pytest.mark.slow  # loads the real 135M teacher
-def test_smollm2_tokenizer(smollm2):
-  tok = smollm2.tokenizer
+def test_smollm2_tokenizer(smollm2_checkpoint):
+  tok = smollm2_checkpoint.tokenizer
   assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id) == (49152, 1, 2, 2)
   assert "<|im_start|>" in tok.chat_template
   # Ids checked once against transformers 5.24's tokenizer for this GGUF (and they agree with
@@ -272,7 +268,7 @@ def test_smollm2_tokenizer(smollm2):
 
 
 @pytest.mark.slow
-def test_smollm2_matches_transformers_gguf_loader(smollm2):
+def test_smollm2_matches_transformers_gguf_loader(smollm2_checkpoint):
   """Optional parity with Hugging Face transformers loading the same GGUF (torch on CPU)."""
   pytest.importorskip("torch", reason="optional parity test: needs torch + transformers")
   transformers = pytest.importorskip("transformers", reason="optional parity test: needs "
@@ -281,6 +277,6 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2):
   model = transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path))
   theirs = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-  assert set(smollm2.params) <= set(theirs)
-  for name, value in smollm2.params.items():
+  assert set(smollm2_checkpoint.params) <= set(theirs)
+  for name, value in smollm2_checkpoint.params.items():
     np.testing.assert_allclose(value, theirs[name], rtol=0, atol=1e-6, err_msg=name)

@@ -19,8 +19,8 @@ TRANSFORMERS_LAST = {7042: 17.371261596679688, 0: 1.6136468648910522, 504: 6.227
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-  ckpt = checkpoints.load_teacher(checkpoints.smollm2_gguf_path())
+def smollm2(smollm2_checkpoint):
+  ckpt = smollm2_checkpoint
   model, cfg = teacher_from_checkpoint(ckpt, backend="xla")
   logits = np.asarray(model(jnp.asarray([PROMPT])))[0]
   return ckpt, model, cfg, logits

