@@ -24,11 +24,30 @@ def main(argv: Sequence[str] | None = None) -> None:
   saved = sys.argv
   sys.argv = ["lm_eval", *(saved[1:] if argv is None else argv)]  # lm-eval's CLI reads sys.argv
   try:
+    _check_model_path(sys.argv[1:])
     cli_evaluate()
   except (ValueError, FileNotFoundError) as e:  # a bad model_args path, an unknown task: one line
     sys.exit(f"error: {e}")
   finally:
     sys.argv = saved
+
+
+def _check_model_path(argv: Sequence[str]) -> None:
+  """A FileNotFoundError now for a `--model lineax` path that holds no model, not after lm-eval
+  has indexed its task folders (about 20 s)."""
+  import argparse
+
+  from lineax_lm.eval.lm_eval_adapter import LineaxLM
+  from lineax_lm.models.pretrained import folder_kind
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument("--model")
+  parser.add_argument("--model_args", default="")
+  known, _ = parser.parse_known_args(argv)
+  if known.model == "lineax":
+    args = LineaxLM.parse_model_args(known.model_args)
+    path = args.get("path", args.get("workdir"))
+    if path is not None:
+      folder_kind(path)
 
 
 if __name__ == "__main__":

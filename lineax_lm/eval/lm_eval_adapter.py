@@ -78,6 +78,12 @@ class LineaxLM(_Base):
   @classmethod
   def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
     """"k1=v1,k2=v2" (lm-eval's --model_args) plus lm-eval's batch_size / device settings."""
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+    return cls(**{**extra, **cls.parse_model_args(arg_string)})
+
+  @staticmethod
+  def parse_model_args(arg_string: str) -> dict:
+    """"k1=v1,k2=v2" -> {k1: v1, k2: v2}, the integer arguments as ints."""
     args = {}
     for item in filter(None, (s.strip() for s in arg_string.split(","))):
       key, _, value = item.partition("=")
@@ -85,8 +91,7 @@ class LineaxLM(_Base):
     for key in ("step", "max_length", "max_gen_toks"):
       if key in args:
         args[key] = int(args[key])
-    extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-    return cls(**{**extra, **args})
+    return args
 
   # lm-eval's LM properties
   @property

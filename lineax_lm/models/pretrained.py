@@ -125,12 +125,21 @@ def load(path, step: int | None = None) -> Pretrained:
   (lineax_lm.convert.load_fla)."""
   from lineax_lm.convert import fla
   root = storage.as_path(path)
-  if (root / CONFIG_FILE).exists():
+  if folder_kind(path) == "saved":
     if step is not None:
       raise ValueError(f"`step` applies to a training workdir; {path} is a saved model folder")
     return fla.load_fla(root) if fla.fla_model_type(root) else _load_saved(root)
+  return load_run(path, step)
+
+
+def folder_kind(path) -> str:
+  """"saved" (`<path>/config.json`: save_pretrained's or fla's) or "run" (`<path>/checkpoints`), or a
+  FileNotFoundError naming the path: what `load` reads, checked without reading it."""
+  root = storage.as_path(path)
+  if (root / CONFIG_FILE).exists():
+    return "saved"
   if (root / "checkpoints").exists():
-    return load_run(path, step)
+    return "run"
   raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (a saved model) nor checkpoints/ "
                           "(a training workdir)")
 
