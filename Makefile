@@ -18,11 +18,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m lineax_lm.demo --workdir runs/demo
 
+# Two pytests: the tests that shard over 8 CPU devices (marker `multi_device`), and the rest on one
+# CPU device, where their programs compile faster (tests/conftest.py).
+PYTEST := $(PY) -m pytest -q -n 2 --dist worksteal
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 tests
+	LINEAX_LM_TEST_CPU_DEVICES=1 $(PYTEST) --durations=15 -m "not multi_device" tests
+	LINEAX_LM_TEST_CPU_DEVICES=8 $(PYTEST) --durations=5 -m "multi_device" tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m "not slow and not gpu" tests
+	LINEAX_LM_TEST_CPU_DEVICES=1 $(PYTEST) --durations=15 -m "not slow and not gpu and not multi_device" tests
+	LINEAX_LM_TEST_CPU_DEVICES=8 $(PYTEST) --durations=5 -m "multi_device and not slow and not gpu" tests
 
 bench: $(STAMP)
 	$(PY) -m pallas_kernels.bench

@@ -22,6 +22,8 @@ from lineax_lm.train.validation import check_config
 from tests.lineax_lm.train.test_loss import _assert_same_grads, _batch
 from tests.lineax_lm.train.test_trainer import tiny_config
 
+pytestmark = pytest.mark.multi_device
+
 B, L = 2, 32
 
 

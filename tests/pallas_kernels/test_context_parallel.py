@@ -21,6 +21,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 from pallas_kernels.common.segments import choose_segments, segment_parallel
 from tests.pallas_kernels import cases, harness
 
+pytestmark = pytest.mark.multi_device
+
 F32 = jnp.float32
 T, H, K, V = 64, 2, 16, 16
 CU = np.array([0, 5, 5, 10, 48, 64], np.int32)  # slices of 16 (P = 4) or 32 (P = 2) tokens

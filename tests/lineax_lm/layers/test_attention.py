@@ -64,6 +64,7 @@ def test_splash_equals_dot_product_attention(packed, window):
 
 
 @pytest.mark.slow
+@pytest.mark.multi_device
 def test_splash_over_rows_heads_and_context_equals_one_device():
   """Rows over fsdp and heads over tensor (the kernel runs on each device's own), then the
   sequence over `context` too (each device's kernel on its query rows against all keys)."""

@@ -215,6 +215,7 @@ def _constraints(jaxpr) -> list:
   return found
 
 
+@pytest.mark.multi_device
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_residual_stream_keeps_the_batch_layout_under_fsdp(scan):
   """Under a training mesh the embeddings and every block's output are constrained to the batch's

@@ -3,6 +3,7 @@ gradients and shard_map (times its devices)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from lineax_lm.train.flops import jaxpr_flops
@@ -25,6 +26,7 @@ def test_a_scan_counts_its_body_times_its_length():
   assert jaxpr_flops(jax.make_jaxpr(jax.grad(layers, argnums=1))(x, w)) == (4 * 3) * MATMUL
 
 
+@pytest.mark.multi_device
 def test_shard_map_counts_every_device():
   mesh = jax.make_mesh((4,), ("d",), devices=jax.devices()[:4])
   x, w = jnp.ones((16, 8)), jnp.ones((8, 8))

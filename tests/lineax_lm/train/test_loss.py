@@ -81,8 +81,10 @@ def _assert_same_grads(grads_f, grads):
 @pytest.mark.slow  # two train-step compiles per case
 # Packing on one device, the loss mask on the sharded mesh: each of the two (the packed case is the
 # costly compile) once, rather than every pairing.
-@pytest.mark.parametrize("kind, mesh_shape", [("packed", (1, 1, 1, 1)), ("masked", (4, 1, 1, 2))],
-                         ids=["1dev-packed", "data4_tensor2-masked"])
+@pytest.mark.parametrize("kind, mesh_shape", [
+    ("packed", (1, 1, 1, 1)),
+    pytest.param("masked", (4, 1, 1, 2), marks=pytest.mark.multi_device)],
+    ids=["1dev-packed", "data4_tensor2-masked"])
 def test_fused_loss_step_equals_plain_step(kind, mesh_shape):
   """The fused chunked loss against float32 logits: loss and gradients of the whole step (the
   scanned layers are checked against the loop in tests/lineax_lm/models/test_hybrid.py)."""

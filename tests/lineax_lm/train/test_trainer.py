@@ -42,6 +42,7 @@ def params_of(workdir, config):
 
 
 @pytest.mark.slow
+@pytest.mark.multi_device
 def test_sharded_step_equals_single_device_step():
   config = tiny_config(attn_ratio="pure")
   config.model.update(dict(hidden=64, heads=4))
@@ -143,7 +144,8 @@ def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
     ("model.mixer", "gated_deltanett", "unknown mixer"),
     ("model.attn_ratio", "30:1", "needs at least 30 linear layers"),
     ("model.attn_ratio", "3-1", "attn_ratio"),
-    ("data.global_batch_size", 12, "not divisible by the mesh's batch axes"),
+    pytest.param("data.global_batch_size", 12, "not divisible by the mesh's batch axes",
+                 marks=pytest.mark.multi_device),
     ("model.vocab_size", 16, "smaller than the data's vocabulary"),
 ])
 def test_bad_config_fails_before_compiling(field, value, message):
