@@ -1,4 +1,4 @@
-"""The training stack on 8 fake CPU devices: sharding, exact resume, checkpoint errors, bad configs."""
+"""The training stack on CPU: sharding (on 8 fake devices), exact resume, checkpoint errors, bad configs."""
 import json
 import os
 import shutil
