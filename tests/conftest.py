@@ -5,18 +5,19 @@ import os
 import shutil
 import tempfile
 
-# $LINEAX_LM_TEST_CPU_DEVICES fake CPU devices, default 8: the sharding tests (marker `multi_device`)
-# need 8. `make test` runs the rest on one, in a pytest of its own: an SPMD program over 8 devices
-# takes a third longer to compile, and nothing else in them depends on the device count.
-# Compiling dominates the suite on CPU (the tests' programs are small), so two flags make it
+# $LINEAX_LM_TEST_CPU_DEVICES fake CPU devices, default 8: the sharding tests (marker
+# `multi_device`) need 8. `make test` runs the rest on one, in a pytest of its own: an SPMD program
+# over 8 devices takes a third longer to compile, and nothing else in them depends on the device
+# count. Compiling dominates the suite on CPU (the tests' programs are small), so two flags make it
 # cheaper: LLVM optimisation off (halves it), and XLA's loop emitters instead of its fusion emitters
-# (a further 3-5x less compile CPU per program, for a little more run time on the largest shapes). Results are equal to the last few float32 ulps
-# (reduction order), far inside every tolerance. XLA aborts on a flag it does not know, and newer
-# XLA retires the CPU's legacy emitters, so that flag is set only for the jaxlib series it was
-# measured on (CI's 0.10); it changes nothing on a GPU host.
+# (a further 3-5x less compile CPU per program, for a little more run time on the largest shapes).
+# Results are equal to the last few float32 ulps (reduction order), far inside every tolerance. XLA
+# aborts on a flag it does not know, and newer XLA retires the CPU's legacy emitters, so that flag is
+# set only for the jaxlib series it was measured on (CI's 0.10); it changes nothing on a GPU host.
 _flags = os.environ.get("XLA_FLAGS", "")
 _CPU_DEVICES = int(os.environ.get("LINEAX_LM_TEST_CPU_DEVICES", "8"))
-_new = [f"--xla_force_host_platform_device_count={_CPU_DEVICES}", "--xla_backend_optimization_level=0"]
+_new = [f"--xla_force_host_platform_device_count={_CPU_DEVICES}",
+        "--xla_backend_optimization_level=0"]
 if importlib.metadata.version("jaxlib").startswith("0.10."):
   _new.append("--xla_cpu_use_fusion_emitters=false")
 for _flag in _new:

@@ -1,4 +1,5 @@
-"""The training stack on CPU: sharding (on 8 fake devices), exact resume, checkpoint errors, bad configs."""
+"""The training stack on CPU: sharding (8 fake devices), exact resume, checkpoint errors, bad
+configs."""
 import json
 import os
 import shutil
