@@ -18,12 +18,16 @@ from lineax_lm.train import checkpoint
 from lineax_lm.train.config import base_config
 from lineax_lm.train.trainer import Trainer, TrainingStopped, train_and_evaluate, validate_config
 from lineax_lm.data.pipeline import make_dataset
+from tests.lineax_lm.tiny import TINY_MIXER
 
 
 def tiny_config(steps=6, mixer="gated_deltanet", **model):
+  # The mixer at tests/lineax_lm/tiny.py's widths (Gated DeltaNet: 2 heads of 16): fla's defaults
+  # (6 heads of 256 keys and 512 values at any hidden size) make each step's program ~100x the
+  # work, and nothing these tests check depends on the mixer's width.
   c = base_config()
   c.model.update({**dict(vocab_size=64, num_layers=2, hidden=32, heads=2, mixer=mixer, attn_ratio="1:1",
-                         backend="xla"), **model})
+                         backend="xla", mixer_cfg=TINY_MIXER.get(mixer, {})), **model})
   c.data.update(dict(seq_len=32, global_batch_size=8))
   c.data.mqar.update(dict(vocab_size=64, num_kv_pairs=4))
   c.train.update(dict(steps=steps, log_every=1, checkpoint_every=3, warmup_steps=2, lr=3e-3,
