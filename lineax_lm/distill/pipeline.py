@@ -270,9 +270,12 @@ class Distillation:
     return summary
 
   # --------------------------------------------------------------------------- evaluation
-  def perplexity(self, model, data_cfg) -> float:
-    """exp(mean next-token CE) of `model` over one pass of `data_cfg` in packed rows of
-    eval.seq_len (documents never see each other): one compiled step per model."""
+  def heldout_loss(self, model, data_cfg) -> dict:
+    """{"loss_sum": [...], "count": [...]}: `model`'s summed next-token CE and token count per
+    batch over one pass of `data_cfg` in packed rows of eval.seq_len (documents never see each
+    other; one compiled step per model). Perplexity is exp(sum(loss_sum) / sum(count)); every model
+    is scored on the same batches, so a paired bootstrap over them gives recovery intervals
+    (lineax_lm.distill.claims)."""
     e = self.config.eval
     batches = _eval_batches(data_cfg, e.seq_len, e.batch_size)
     if not batches:
@@ -284,7 +287,8 @@ class Distillation:
     trainer = Trainer(cfg, model.config, self.mesh)
     with jax.set_mesh(self.mesh):
       params = place(nnx.state(model, nnx.Param), self.mesh)
-      return math.exp(trainer.evaluate(params, batches)["eval_loss"])
+      sums = trainer.batch_sums(params, batches)
+    return {k: [float(s[k]) for s in sums] for k in ("loss_sum", "count")}
 
   def model_metrics(self, model, section=None) -> dict:
     """{"ppl_<set>": perplexity for each evaluation text set, "needle": {"task@length": accuracy},
@@ -295,7 +299,8 @@ class Distillation:
     e = self.config.eval if section is None else section
     out = {}
     for name, data_cfg in self.eval_sets(e).items():
-      out[f"ppl_{name}"] = self.perplexity(model, data_cfg)
+      out[f"loss_batches_{name}"] = losses = self.heldout_loss(model, data_cfg)
+      out[f"ppl_{name}"] = math.exp(sum(losses["loss_sum"]) / max(sum(losses["count"]), 1.0))
     # Needles, recall and throughput through one scorer padded to eval.seq_len: one compiled
     # forward for every length (causal models: right padding leaves the scored positions as they
     # are).
@@ -357,10 +362,13 @@ class Distillation:
       if name.startswith("ppl_"):
         summary[name] = {"teacher": teacher[name], "student": mine[name]}
         summary["recovery_" + name[4:]] = teacher[name] / mine[name]
+      elif name.startswith("loss_batches_"):
+        summary[name] = {"teacher": teacher[name], "student": mine[name]}
     for family in ("needle", "recall"):
       if family in mine:
         summary[family] = {"teacher": teacher[family], "student": mine[family]}
         summary[f"recovery_{family}"] = score_recovery(teacher[family], mine[family])
+    summary["needle_examples"] = self.config.eval.needle_examples
     if "forward_tokens_per_s" in mine:
       summary["forward_tokens_per_s"] = {"teacher": teacher["forward_tokens_per_s"],
                                          "student": mine["forward_tokens_per_s"]}
@@ -478,8 +486,8 @@ def forward_tokens_per_s(scorer, seq_len: int, repeats: int = 3) -> float:
 
 
 # Bumped when the scoring changes, so cached evaluations are redone: 2 = the needle's separator is
-# given, not scored (eval.ruler.forced_pair).
-EVAL_VERSION = 2
+# given, not scored (eval.ruler.forced_pair); 3 = held-out losses kept per batch.
+EVAL_VERSION = 3
 
 
 def score_recovery(teacher: dict, student: dict) -> float | None:

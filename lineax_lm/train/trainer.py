@@ -284,10 +284,16 @@ class Trainer:
     sh = sharding.batch_sharding(self.mesh) if member else self.batch_sharding
     return {k: jax.make_array_from_process_local_data(sh, np.asarray(v)) for k, v in batch.items()}
 
+  def batch_sums(self, params, batches) -> list[dict]:
+    """Per batch, the held-out token sums {"loss_sum", "correct", "count"} (host arrays; a
+    population's over its members): what `evaluate` adds up, kept apart for a bootstrap over
+    batches."""
+    return [jax.device_get(self.eval_step(params, self.put_batch(b, member=True))) for b in batches]
+
   def evaluate(self, params, batches):
     """Held-out loss and accuracy: a dict, or a population's list of one dict per member (every
     member on the same batches)."""
-    sums = [self.eval_step(params, self.put_batch(b, member=True)) for b in batches]
+    sums = self.batch_sums(params, batches)
     def one(i=None):
       tot = {k: float(sum(np.asarray(s[k]) if i is None else np.asarray(s[k])[i] for s in sums))
              for k in ("loss_sum", "correct", "count")}
