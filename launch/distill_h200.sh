@@ -6,6 +6,10 @@
 #   bash launch/distill_h200.sh                       # rerun until it prints "study complete"
 #   ONLY=mlstm,gla TOKENS=2e6 bash launch/distill_h200.sh
 #   PARALLEL=4 bash launch/distill_h200.sh            # four students at a time on the one GPU
+#   WORKDIR=/tmp/keep/study_hybrid ONLY=gated_deltanet STUDY_ARGS=--hybrid \
+#     bash launch/distill_h200.sh                     # the needle control: Gated DeltaNet 3:1
+#   STUDY_ARGS="--needle_control /tmp/keep/study_hybrid/gated_deltanet" \
+#     bash launch/distill_h200.sh                     # claims.md reads needle zeros against it
 #
 # Run from the repository root on the GPU host (Python 3.12, jax, flax, optax, orbax preinstalled).
 # What it needs there:
@@ -28,9 +32,10 @@
 #   ~5 minutes on the H200 are mostly compilation on the host's CPUs, so four overlap on one GPU
 # Resumable: finished students are skipped, an interrupted stage resumes from its checkpoint, the
 # teacher samples, the teacher's evaluation and (JAX_COMPILATION_CACHE_DIR) the compiled programs
-# are reused. With $OUT set: the log, the tables (study.md), the curves (curves.png) and
-# study_results.tgz (every student's eval.json / curve.json / metrics, the teacher samples and the
-# teacher's evaluation: ~5 MB; give it back as RESULTS_IN on a fresh machine).
+# are reused. With $OUT set: the log, the tables (study.md), the claims' verdicts (claims.md), the
+# curves (curves.png) and study_results.tgz (every student's eval.json / curve.json / metrics, the
+# teacher samples and the teacher's evaluation: ~5 MB; give it back as RESULTS_IN on a fresh
+# machine).
 set -u
 WORKDIR=${WORKDIR:-/tmp/keep/study}
 mkdir -p "$WORKDIR"
@@ -58,9 +63,10 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.
 PY
 if [ -n "${OUT:-}" ]; then
   (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
+    claims.md \
     ./*/eval.json ./*/study_done ./*/curve.json ./*/study.log ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
     data/teacher_eval.json data/python_reference.txt 2>/dev/null)
-  cp "$WORKDIR"/study.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
+  cp "$WORKDIR"/study.md "$WORKDIR"/claims.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
 fi
 grep -E "Interrupted|Error|this invocation" "$WORKDIR/study.log" | tail -n 12
 if [ "$rc" -eq 0 ] && [ -z "${ONLY:-}" ]; then

@@ -26,7 +26,8 @@ every student of `--students` that has finished, so several calls fill one table
 time in their own processes (logs in <workdir>/<student>/study.log): a student's time on one H200
 is mostly compilation on the host's CPU cores (~60 s a stage against ~5-35 s of training at the
 default budget), so N processes share the GPU and overlap their compiles.
-Writes <workdir>/study.json (table, summaries, curves), study.md (the tables) and curves.png.
+Writes <workdir>/study.json (table, summaries, curves), study.md (the tables), curves.png and
+claims.md (the study's claims judged by lineax_lm.distill.claims' rules).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ import types
 from absl import flags
 
 from lineax_lm import cli, jobs
+from lineax_lm.distill import claims
 from lineax_lm.distill import data as distill_data
 from lineax_lm.distill.config import STUDENTS, distill_config
 from lineax_lm.distill.pipeline import (Distillation, curve_section, distill, plot_curves,
@@ -99,7 +101,8 @@ def study_config(student: str, tokens: float = DEFAULT_TOKENS, *, batch: int = 4
     c.curve.needle_lengths = (384,)
   else:
     c.model.dtype = "bfloat16"
-    c.samples.update(dict(num_docs=docs, heldout_docs=max(128, docs // 32), batch_size=256))
+    # 512 held-out documents, not fewer: the claims' bootstrap resamples their batches.
+    c.samples.update(dict(num_docs=docs, heldout_docs=max(512, docs // 8), batch_size=256))
     c.eval.update(dict(needle_lengths=NEEDLE_LENGTHS, batch_size=8))
     c.curve.needle_lengths = (max(NEEDLE_LENGTHS),)
   c.data.update(dict(seq_len=seq_len, global_batch_size=batch))
@@ -158,6 +161,10 @@ def define_flags(fv: flags.FlagValues, argv) -> None:
   flags.DEFINE_bool("keep_checkpoints", False, "keep every stage's checkpoints of finished "
                     "students (default: the final one)", flag_values=fv)
   flags.DEFINE_bool("hybrid", False, "3:1 hybrid students", flag_values=fv)
+  flags.DEFINE_string("needle_control", "", "the folder of a student of the same budget that must "
+                      "find the needle (the Gated DeltaNet 3:1 hybrid's: --hybrid --only "
+                      "gated_deltanet in another workdir); claims.md reads needle zeros only where "
+                      "it scored", flag_values=fv)
   flags.DEFINE_bool("runlocal", False, "tiny random teacher, seconds on CPU", flag_values=fv)
   flags.mark_flag_as_required("workdir", flag_values=fv)
 
@@ -170,6 +177,9 @@ def define_flags(fv: flags.FlagValues, argv) -> None:
                                   f"{students if set(students) <= set(STUDENTS) else list(STUDENTS)}")
     return True
   flags.register_multi_flags_validator(["students", "only"], students_known, flag_values=fv)
+  flags.register_validator("needle_control", lambda v: not v or os.path.isdir(v),
+                           "not a folder (a student's, holding its eval.json)",
+                           flag_values=fv)
 
 
 def parse_args(argv=None):
@@ -347,6 +357,9 @@ def write_tables(args, summaries: dict, seconds: dict) -> dict:
                      "summaries": summaries})
   with open(os.path.join(args.workdir, "study.md"), "w", encoding="utf-8") as f:
     f.write(tables + "\n")
+  control = finished_summary(args.needle_control) if args.needle_control else None
+  with open(os.path.join(args.workdir, "claims.md"), "w", encoding="utf-8") as f:
+    f.write(claims.claims_markdown(summaries, control, args.needle_control) + "\n")
   return summaries
 
 
