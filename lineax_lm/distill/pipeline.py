@@ -436,6 +436,10 @@ class Distillation:
                        recovery_needle=score_recovery(teacher.get("needle", {}),
                                                       m.get("needle", {})),
                        needle=m.get("needle", {})))
+      if "loss_batches_teacher_samples" in m:  # for the claims' bootstrap over batches
+        rows[-1]["loss_batches_teacher_samples"] = {
+            "teacher": teacher["loss_batches_teacher_samples"],
+            "student": m["loss_batches_teacher_samples"]}
     report.write_json(path, {"key": key, "teacher": teacher, "points": points, "rows": rows})
     plot_curves({self.student_cfg.mixer: rows}, os.path.join(self.workdir, "curve.png"))
     return rows

@@ -112,7 +112,8 @@ def _resamples(cells: dict, rng) -> dict:
           for k, v in cells.items()}
 
 
-def _bounds(samples) -> tuple[float, float]:
+def bounds(samples) -> tuple[float, float]:
+  """The CONFIDENCE interval of bootstrap `samples` (their quantiles)."""
   lo, hi = np.quantile(samples, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
   return float(lo), float(hi)
 
@@ -152,7 +153,7 @@ def claim_quality(results) -> dict:
   for m in mixers:
     v = np.stack([samples[(m, q)] for q in ratios])
     spans = (v.max(axis=0) - v.min(axis=0)) / v.mean(axis=0)
-    out["spans"][m] = dict(span=float(spans[0]), bounds=_bounds(spans[1:]))
+    out["spans"][m] = dict(span=float(spans[0]), bounds=bounds(spans[1:]))
   out["by_ratio"] = {q: float(np.mean([samples[(m, q)][0] for m in mixers])) for q in ratios}
   out["seeds"] = _seed_counts(cells, keys)
   wide = [m for m in mixers if out["spans"][m]["span"] > QUALITY_SPAN]
@@ -193,7 +194,7 @@ def claim_recall(results, metric, control: dict | None = None) -> dict:
     if out["rho"] is not None:
       rng = np.random.default_rng(1)
       boot = [_spearman(*points[rng.integers(0, len(points), len(points))].T) for _ in range(BOOTSTRAP)]
-      out["rho_bounds"] = _bounds([b for b in boot if b is not None])
+      out["rho_bounds"] = bounds([b for b in boot if b is not None])
     out["seeds"] = _seed_counts(cells, keys)
   if not any(v > CONTROL_FLOOR for v in ctrl.values()):
     out["verdict"] = ("cannot tell: no positive control scored above "
@@ -218,7 +219,8 @@ def claim_recall(results, metric, control: dict | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------- claim 3
-def _kendall(a: list, b: list) -> float | None:
+def kendall(a: list, b: list) -> float | None:
+  """Kendall's tau of two rankings' scores; None below two points."""
   if len(a) < 2:
     return None
   from scipy import stats
@@ -241,7 +243,7 @@ def claim_best_mixer(results, metric, higher_is_better: bool) -> dict:
   for q in ratios:
     m = mixers[best[q][0]]
     out["best"][q] = (m, float(samples[(m, q)][0]), len(mixers))
-  out["tau"] = _kendall([samples[(m, "pure")][0] for m in mixers], [samples[(m, "6:1")][0] for m in mixers])
+  out["tau"] = kendall([samples[(m, "pure")][0] for m in mixers], [samples[(m, "6:1")][0] for m in mixers])
   differ = float(np.mean(best["pure"][1:] != best["6:1"][1:]))
   out["differ_share"] = differ
   recommended = [i for i, m in enumerate(mixers) if m in RECOMMENDED]
