@@ -144,7 +144,7 @@ def claim_retrieval(summaries: dict, control: dict | None = None) -> dict:
              control=needle_at(control, "student") if control else None, verdict=None)
   groups = [[n for n in group if scores.get(n)] for group in (GATED_DELTA, ADDITIVE)]
   if not all(groups):
-    out["verdict"] = (f"cannot tell: no needle at {NEEDLE_LENGTH} for a gated delta-rule and an "
+    out["verdict"] = (f"cannot tell: no needle at {NEEDLE_LENGTH:,} for a gated delta-rule and an "
                       "additive student")
     return out
   delta, additive = (max(group, key=lambda n: scores[n][0]) for group in groups)
@@ -153,7 +153,7 @@ def claim_retrieval(summaries: dict, control: dict | None = None) -> dict:
   if out["control"] is None or out["control"][0] <= 0:
     shown = "not given" if out["control"] is None else f"{out['control'][0]:.3f}"
     out["verdict"] = (f"cannot tell: the needle control (a hybrid student of the same budget) "
-                      f"did not score above 0 at {NEEDLE_LENGTH} ({shown})")
+                      f"did not score above 0 at {NEEDLE_LENGTH:,} ({shown})")
   elif out["gap"][1] > 0:
     out["verdict"] = "agrees"
   elif out["gap"][2] < NEEDLE_GAP:
