@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from lineax_lm.experiments import sizes as sizes_lib
+from lineax_lm.experiments.scoring import MQAR_VOCAB
 
 QUALITY_SPAN = 0.02
 RECALL_RISE = 0.05
@@ -342,6 +343,10 @@ def claims_markdown(results: list[dict], control: dict | None = None) -> str:
     lines.append(f"| {name} | " + " | ".join(fmt(by.get(r)) for r in HYBRID_RATIOS)
                  + f" | {fmt(c.get('pure'))} | {fmt(c['transformer'])} | {ctrl} | {fmt(c['rho'])}"
                  + (f" {_fmt_bounds(c['rho_bounds'])}" if c["rho_bounds"] else "") + f" | {c['verdict']} |")
+  if mqar_shapes(results):
+    lines.append(f"\nMQAR's chance, a uniform guess among its {MQAR_VOCAB // 2} value tokens, is "
+                 f"{1 / (MQAR_VOCAB // 2):.3f}: a control at or below it has not learned the lookup, "
+                 f"though the rule's floor ({CONTROL_FLOOR:g}) counts it as one that scored.")
   lines += ["\n## 3. The best standalone mixer is not the best hybrid one\n",
             f"Rule: the best mixer at pure differs from the best at 6:1 in at least {CONFIDENCE:.0%} "
             f"of the bootstrap resamples (the same in {CONFIDENCE:.0%}: disagrees), with at least "

@@ -13,6 +13,11 @@ import time
 from lineax_lm.eval import report
 from lineax_lm.experiments.cells import NEEDLE_CURVE_FILE, heldout_config
 
+# MQAR is scored on token ids < MQAR_VOCAB (the byte vocabulary; a BPE model sees the same ids):
+# keys from the lower half, values from the upper, so a uniform guess among the values scores
+# 1 / (MQAR_VOCAB // 2).
+MQAR_VOCAB = 256
+
 
 def score_cell(cell_dir: str, size, scored_ruler=None) -> dict:
   """Loads the cell's trained model and scores it on its own held-out split (`score_model`;
@@ -64,7 +69,7 @@ def score_model(trained, tokenizer, documents: list[str], size, *, max_len: int,
   out["ruler"] = rows
   out.update(ruler.ruler_means(rows))
   mq = [dict(seq_len=L, num_kv_pairs=n, accuracy=mqar.mqar_accuracy(
-      model, vocab_size=min(256, trained.config.vocab_size), seq_len=L,
+      model, vocab_size=min(MQAR_VOCAB, trained.config.vocab_size), seq_len=L,
       num_kv_pairs=n, num_examples=size.mqar_examples, batch_size=size.eval_batch))
       for L, n in size.mqar]
   out["mqar"] = mq
