@@ -16,9 +16,11 @@ lock (lineax_lm.train.lock) throughout: a second trainer there refuses, naming t
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -167,7 +169,6 @@ class Trainer:
                                    transform_non_params=lambda _: sharding.replicated(self.mesh))
     rep = sharding.replicated(self.mesh)
     self.member_sharding = dict(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
-    self._jit_init = jax.jit(self._init, out_shardings=self.member_sharding)
     self.population = len(self.seeds)
     if self.population and self.objective.init_params is not None:
       raise ValueError("a population (`seeds`) starts from random inits: Objective.init_params "
@@ -175,13 +176,19 @@ class Trainer:
     stacked = _stacked if self.population else (lambda sh: sh)
     self.state_sharding = jax.tree_util.tree_map(stacked, self.member_sharding)
     self.batch_sharding = stacked(sharding.batch_sharding(self.mesh))
+    self._jit_init, step, eval_step = _shared_programs(self)
+    self.train_step = functools.partial(step, extra=self.objective.extra)
+    self.eval_step = functools.partial(eval_step, extra=self.objective.extra)
+
+  def _programs(self):
+    """The jitted init, train step and eval step of this Trainer's own methods."""
     step, eval_step = self._train_step, self._eval_step
     if self.population:
       step, eval_step = self._population_step, self._population_eval_step
-    self.train_step = functools.partial(jax.jit(step, donate_argnums=0, out_shardings=(
-        self.state_sharding, rep)), extra=self.objective.extra)
-    self.eval_step = functools.partial(jax.jit(eval_step, out_shardings=rep),
-                                       extra=self.objective.extra)
+    rep = sharding.replicated(self.mesh)
+    return (jax.jit(self._init, out_shardings=self.member_sharding),
+            jax.jit(step, donate_argnums=0, out_shardings=(self.state_sharding, rep)),
+            jax.jit(eval_step, out_shardings=rep))
 
   def abstract_state(self):
     """A lone run's (a member's) state, as its checkpoints hold it."""
@@ -300,6 +307,36 @@ class Trainer:
       n = max(tot["count"], 1.0)
       return dict(eval_loss=tot["loss_sum"] / n, eval_accuracy=tot["correct"] / n)
     return [one(i) for i in range(self.population)] if self.population else one()
+
+
+# The jitted programs of the last few plain-training Trainers, by what determines them: the train
+# config (optimizer, schedule, loss options; not the fields only the loop reads), the model, the
+# mesh and the population size. A second Trainer of one config in one process (a run resumed in
+# the same process, a notebook's or a test's repeated runs, a population member's lone rerun)
+# reuses the first one's jitted functions, whose traces and executables jax keeps, instead of
+# tracing, lowering and compiling them again. Their closures hold the first Trainer, whose
+# optimizer, schedule and graphdef equal its own. An Objective's loss or trainable are closures a
+# key cannot compare: those Trainers jit their own.
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_KEPT = 4
+_LOOP_ONLY = frozenset({"async_checkpointing", "checkpoint_every", "compilation_cache",
+                        "keep_checkpoints", "log_every", "profile_start", "profile_steps",
+                        "restore_step"})
+
+
+def _shared_programs(trainer: Trainer):
+  o = trainer.objective
+  if o.loss is not None or o.trainable is not None or o.extra is not None:
+    return trainer._programs()
+  train = {k: v for k, v in trainer.config.train.to_dict().items() if k not in _LOOP_ONLY}
+  key = (json.dumps(train, sort_keys=True, default=repr), trainer.model_cfg, trainer.mesh,
+         trainer.population)
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = trainer._programs()
+    while len(_PROGRAMS) > _PROGRAMS_KEPT:
+      _PROGRAMS.popitem(last=False)
+  _PROGRAMS.move_to_end(key)
+  return _PROGRAMS[key]
 
 
 def _stacked(sh):

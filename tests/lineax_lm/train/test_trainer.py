@@ -254,3 +254,21 @@ def test_the_compilation_cache_is_used_after_compiling_without_one(tmp_path, jax
   assert hits
   use_compilation_cache(str(tmp_path / "other"))  # a folder jax already has is kept
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
+
+
+def test_trainers_of_one_program_share_their_jitted_steps():
+  """A second Trainer of one train config, model and mesh reuses the first one's jitted steps (no
+  retrace or recompile); a field the step reads (lr) or an Objective's loss gets its own."""
+  from lineax_lm.train.trainer import Objective
+  config = tiny_config()
+  mesh = sharding.make_mesh(config.mesh)
+  model_cfg = validate_config(config, mesh)
+  first = Trainer(config, model_cfg, mesh)
+  loop_only = config.copy_and_resolve_references()
+  loop_only.train.update(dict(log_every=5, checkpoint_every=7, restore_step=2))
+  lr = config.copy_and_resolve_references()
+  lr.train.lr = 1e-2
+  assert Trainer(loop_only, model_cfg, mesh).train_step.func is first.train_step.func
+  assert Trainer(lr, model_cfg, mesh).train_step.func is not first.train_step.func
+  own = Trainer(config, model_cfg, mesh, Objective(loss=lambda model, batch, extra: None))
+  assert own.train_step.func is not first.train_step.func
