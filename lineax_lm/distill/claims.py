@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from lineax_lm.experiments import sizes as sizes_lib
 from lineax_lm.experiments.claims import bounds, kendall
 
 GATED_DELTA = ("gated_deltanet", "kda")
@@ -41,8 +42,9 @@ NEEDLE_LENGTH = 2048
 NEEDLE_GAP = 0.2
 Z95 = 1.959964
 BOOTSTRAP = 2000
-LABELS = {"mlstm": "xLSTM (block-diagonal)", "mlstm_dense": "xLSTM (dense)", "gla": "GLA",
-          "gated_deltanet": "Gated DeltaNet", "deltanet": "DeltaNet", "retention": "RetNet",
+# The study's students by name (the hybrid study's labels where the mixer is one of its own).
+LABELS = {"mlstm": "xLSTM (block-diagonal)", "mlstm_dense": "xLSTM (dense)",
+          **{m: sizes_lib.label(m) for m in ("gla", "gated_deltanet", "deltanet", "retention")},
           "kda": "KDA", "linear_attn": "linear attention"}
 CURVE_SET = "loss_batches_teacher_samples"
 
