@@ -6,13 +6,14 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from lineax_lm.models.hybrid import abstract_model
+from lineax_lm.models.hybrid import abstract_model, abstract_model_one_block_per_kind
 
 
 def cache_bytes(config, context_len: int) -> dict:
   """Bytes one sequence's cache needs at `context_len` tokens: {"attention", "linear", "total"},
-  from the layer dimensions (the model is built abstractly, no parameters are allocated)."""
-  return abstract_model(config).cache_bytes(context_len)
+  from the layer dimensions (the model is built abstractly, no parameters are allocated, with one
+  block per kind: a layer's cache depends on its layer only through that kind)."""
+  return abstract_model_one_block_per_kind(config).cache_bytes(context_len)
 
 
 def real_cache_bytes(model_or_config, context_len: int, batch: int = 1) -> int:

@@ -310,6 +310,23 @@ def abstract_model(config: ModelConfig) -> HybridLM:
   return _abstract(lambda: HybridLM(config, _ShapeOnlyKeys()))
 
 
+def abstract_model_one_block_per_kind(config: ModelConfig) -> HybridLM:
+  """`abstract_model` whose layers share one Block per kind (linear mixer, attention): a Block's
+  parameters depend on its layer only through that kind, so this model has every parameter shape of
+  the full one, built from two blocks instead of `num_layers`. Its state holds each shared block
+  once, under the first layer of its kind."""
+  attention = set(config.attention_indices)
+  built = {}
+
+  def block_of_kind(config, layer_idx, rngs):
+    kind = layer_idx in attention
+    if kind not in built:
+      built[kind] = Block(config, layer_idx, rngs)
+    return built[kind]
+
+  return _abstract(lambda: HybridLM(config, _ShapeOnlyKeys(), block=block_of_kind))
+
+
 def _abstract_block(config: ModelConfig, layer_idx: int, rngs) -> Block:
   return _abstract(lambda: Block(config, layer_idx, _ShapeOnlyKeys()))
 

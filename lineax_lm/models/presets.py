@@ -30,7 +30,7 @@ from flax import nnx
 
 from lineax_lm.layers import LINEAR_MIXERS
 from lineax_lm.models.config import ModelConfig
-from lineax_lm.models.hybrid import abstract_model
+from lineax_lm.models.hybrid import abstract_model_one_block_per_kind
 from lineax_lm.models.placement import PLACEMENTS, spread_attention_layers
 
 SCALES = {
@@ -161,17 +161,22 @@ def _component(path: tuple) -> str:
 
 def count_params(config: ModelConfig) -> dict:
   """Parameter counts per component {embedding, mixers, attention, mlps, norms, head, total}, from
-  an abstract model (nnx.eval_shape: nothing is allocated). "attention" is the part of "mixers" in
-  attention layers."""
-  model = abstract_model(config)
-  counts = defaultdict(int)
+  an abstract model (nothing is allocated) with one block per kind (linear mixer, attention), each
+  counted once per layer of its kind. "attention" is the part of "mixers" in attention layers."""
+  model = abstract_model_one_block_per_kind(config)
   attention = set(config.attention_indices)
+  layers_of_kind = {kind: sum((i in attention) == kind for i in range(config.num_layers))
+                    for kind in (False, True)}
+  counts = defaultdict(int)
   for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     n = math.prod(leaf.shape)
     comp = _component(path)
+    if str(path[0]) == "blocks":
+      is_attention = int(path[1]) in attention
+      n *= layers_of_kind[is_attention]
+      if comp == "mixers" and is_attention:
+        counts["attention"] += n
     counts[comp] += n
-    if comp == "mixers" and str(path[0]) == "blocks" and int(path[1]) in attention:
-      counts["attention"] += n
   counts["total"] = sum(v for k, v in counts.items() if k != "attention")
   return {k: counts.get(k, 0) for k in ("embedding", "mixers", "attention", "mlps", "norms", "head",
                                          "total")}
