@@ -17,7 +17,6 @@ from tests.lineax_lm.tiny import tiny_config
 PRESETS_340M = sorted(n for n in PRESETS if n.endswith("_340m"))
 
 
-@pytest.mark.slow  # builds 25 abstract 340M models (~1.5 s each)
 def test_340m_presets_are_340m():
   assert len(PRESETS_340M) == 25  # 12 linear mixers pure + hybrid, and the Transformer
   for name in PRESETS_340M:
