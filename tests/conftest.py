@@ -27,16 +27,19 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 
 # One persistent compilation cache per test run, shared by the xdist workers: many tests compile the
 # same small programs (every Trainer of tiny_config, a resumed run's step, the subprocess CLIs), and
-# a hit is a file read instead of an XLA compile. Only programs that take jax's default 1 s or more
-# to compile are written, so the many small kernel programs are not serialised. Entries are keyed on
-# the program, the flags and the jax version, so a hit is the same executable; a fresh directory
-# per run (removed at its end) keeps a run's timings those of a clean clone.
+# a hit is a file read instead of an XLA compile. Programs that take 0.2 s or more to compile are
+# written (jax's default is 1 s): a tiny model's parameter init and eval programs compile in 0.3 to
+# 0.9 s and recur in most training tests (10% off tests/lineax_lm/train), while the eager ops'
+# programs, the most numerous, stay unserialised. Entries are keyed on the program, the flags and the jax
+# version, so a hit is the same executable; a fresh directory per run (removed at its end) keeps a
+# run's timings those of a clean clone.
 _OWNS_CACHE = "LINEAX_LM_TEST_JAX_CACHE" not in os.environ  # the controller; workers inherit it
 os.environ.setdefault("LINEAX_LM_TEST_JAX_CACHE",
                       os.path.join(tempfile.gettempdir(), f"lineax_lm_tests_jax_cache_{os.getpid()}"))
 _CACHE = os.environ["LINEAX_LM_TEST_JAX_CACHE"]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # On a GPU host each pytest-xdist worker is its own JAX process on the one GPU: uncapped, the first
 # workers' allocators grow into memory the later ones need (out-of-memory and "failed to initialize
