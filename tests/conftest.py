@@ -30,9 +30,9 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 # a hit is a file read instead of an XLA compile. Programs that take 0.2 s or more to compile are
 # written (jax's default is 1 s): a tiny model's parameter init and eval programs compile in 0.3 to
 # 0.9 s and recur in most training tests (10% off tests/lineax_lm/train), while the eager ops'
-# programs, the most numerous, stay unserialised. Entries are keyed on the program, the flags and the jax
-# version, so a hit is the same executable; a fresh directory per run (removed at its end) keeps a
-# run's timings those of a clean clone.
+# programs, the most numerous, stay unserialised. Entries are keyed on the program, the flags and
+# the jax version, so a hit is the same executable; a fresh directory per run (removed at its end)
+# keeps a run's timings those of a clean clone.
 _OWNS_CACHE = "LINEAX_LM_TEST_JAX_CACHE" not in os.environ  # the controller; workers inherit it
 os.environ.setdefault("LINEAX_LM_TEST_JAX_CACHE",
                       os.path.join(tempfile.gettempdir(), f"lineax_lm_tests_jax_cache_{os.getpid()}"))

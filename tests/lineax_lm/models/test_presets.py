@@ -11,7 +11,8 @@ from flax import nnx
 
 from lineax_lm.models.cache import cache_bytes, cache_report, real_cache_bytes
 from lineax_lm.models.hybrid import HybridLM, abstract_model
-from lineax_lm.models.presets import PRESETS, _component, count_params, format_counts, get_preset, model_config
+from lineax_lm.models.presets import (PRESETS, _component, count_params, format_counts, get_preset,
+                                      model_config)
 from tests.lineax_lm.tiny import tiny_config
 
 PRESETS_340M = sorted(n for n in PRESETS if n.endswith("_340m"))
@@ -42,15 +43,17 @@ def test_smollm2_preset_has_the_teachers_parameter_count():
 @pytest.mark.parametrize("mixer,ratio", [("hgrn2", "3:1"), ("gated_deltanet", "pure"),
                                          ("gated_deltanet", "transformer")])
 def test_count_params_equals_a_count_over_every_layer(mixer, ratio):
-  """count_params counts one block per kind, once per layer of its kind: the same numbers as a count
-  over every layer of the full abstract model (HGRN-2 adds the per-layer forget-gate lower bounds)."""
+  """count_params counts one block per kind, once per layer of its kind: the same numbers as a
+  count over every layer of the full abstract model (HGRN-2 adds the per-layer forget-gate lower
+  bounds)."""
   cfg = tiny_config(mixer, num_layers=8, attn_ratio=ratio)
   want = defaultdict(int)
   for path, leaf in nnx.to_flat_state(nnx.state(abstract_model(cfg), nnx.Param)):
     n = math.prod(leaf.shape)
     want[_component(path)] += n
     want["total"] += n
-    if str(path[0]) == "blocks" and int(path[1]) in cfg.attention_indices and str(path[2]) == "mixer":
+    in_attention = str(path[0]) == "blocks" and int(path[1]) in cfg.attention_indices
+    if in_attention and str(path[2]) == "mixer":
       want["attention"] += n
   assert count_params(cfg) == {k: want[k] for k in count_params(cfg)}
 
