@@ -165,8 +165,7 @@ def count_params(config: ModelConfig) -> dict:
   counted once per layer of its kind. "attention" is the part of "mixers" in attention layers."""
   model = abstract_model_one_block_per_kind(config)
   attention = set(config.attention_indices)
-  layers_of_kind = {kind: sum((i in attention) == kind for i in range(config.num_layers))
-                    for kind in (False, True)}
+  layers_of_kind = {True: len(attention), False: config.num_layers - len(attention)}
   counts = defaultdict(int)
   for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     n = math.prod(leaf.shape)
