@@ -123,7 +123,7 @@ def line_plot(rows: Sequence[dict], *, x: str, y: str, group: str, path: str, ti
     ax.set_ylim(*ylim)
   ax.set_xlabel(x)
   ax.set_ylabel(y)
-  ax.set_title(title)
+  ax.set_title(title, fontsize=10)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()

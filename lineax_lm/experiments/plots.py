@@ -47,7 +47,7 @@ def write_plots(results: list[dict], out: str) -> None:
     rows = share_points(results, key, label)
     if rows:
       report.line_plot(rows, x=SHARE, y=label, group="mixer", path=os.path.join(out, name),
-                       title=f"{label} vs share of attention layers (mean over seeds, 95% interval)",
+                       title=f"{label} vs share of attention layers\n(mean over seeds, 95% interval)",
                        err=INTERVAL)
   plt = report._pyplot()
   write_quality_vs_flops(results, out, plt)
