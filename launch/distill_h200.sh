@@ -30,6 +30,9 @@
 #   RUNLOCAL [unset] the tiny random teacher (a CPU dry run: PATH=.venv/bin:$PATH TOKENS=4000)
 #   PARALLEL [1] students distilled at a time, each in its own process (--parallel): a student's
 #   ~5 minutes on the H200 are mostly compilation on the host's CPUs, so four overlap on one GPU
+#   DETACH [unset] 1: the study runs on after the call returns (T_LIMIT may then exceed a call),
+#   watched by later calls on the same machine with WATCH=SECONDS, which bring back what has
+#   finished (detach_or_watch in launch/h200_env.sh)
 # Resumable: finished students are skipped, an interrupted stage resumes from its checkpoint, the
 # teacher samples, the teacher's evaluation and (JAX_COMPILATION_CACHE_DIR) the compiled programs
 # are reused. With $OUT set: the log, the tables (study.md), the claims' verdicts (claims.md), the
@@ -42,6 +45,17 @@ mkdir -p "$WORKDIR"
 case "$WORKDIR" in /*) ;; *) WORKDIR="$PWD/$WORKDIR" ;; esac
 export JAX_COMPILATION_CACHE_DIR="$WORKDIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
+
+pack_results() {   # into $OUT: what is finished so far
+  [ -n "${OUT:-}" ] || return 0
+  (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
+    claims.md ./*/eval.json ./*/study_done ./*/curve.json ./*/study.log ./*/[0-9]_*/metrics.jsonl \
+    data/*.jsonl data/tokenizer*.json data/teacher_eval.json data/python_reference.txt 2>/dev/null)
+  cp "$WORKDIR"/study.md "$WORKDIR"/claims.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
+}
+
+detach_or_watch "$WORKDIR"
+case $? in 0) ;; 10) exit 0 ;; 11) pack_results; exit 0 ;; *) exit 2 ;; esac
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$WORKDIR" || exit 2; fi
 install_missing_wheels || exit 2
 
@@ -61,13 +75,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "[0-9]_*", "metrics.
     print(f"{os.path.relpath(os.path.dirname(path), sys.argv[1]):28s} steps {b['step']:5d}  loss "
           f"{a['loss']:.4g} -> {b['loss']:.4g}  tokens/s {b.get('tokens_per_s', 0):,.0f}")
 PY
-if [ -n "${OUT:-}" ]; then
-  (cd "$WORKDIR" && tar czf "$OUT/study_results.tgz" --ignore-failed-read study.json study.md \
-    claims.md \
-    ./*/eval.json ./*/study_done ./*/curve.json ./*/study.log ./*/[0-9]_*/metrics.jsonl data/*.jsonl data/tokenizer*.json \
-    data/teacher_eval.json data/python_reference.txt 2>/dev/null)
-  cp "$WORKDIR"/study.md "$WORKDIR"/claims.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
-fi
+pack_results
 grep -E "Interrupted|Error|this invocation" "$WORKDIR/study.log" | tail -n 12
 if [ "$rc" -eq 0 ] && [ -z "${ONLY:-}" ]; then
   cat "$WORKDIR/study.md"; echo "study complete"

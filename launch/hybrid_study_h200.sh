@@ -30,6 +30,11 @@
 #   seeds grids run without it: docs/hybrid_study.md)   MPS [unset] 1: the cells share the GPU
 #   through CUDA MPS (start_mps in launch/h200_env.sh: four `small` cells stepped 1.26x faster
 #   than as plain processes on one H100)
+#   DETACH [unset] 1: the grid runs on after the call returns (T_LIMIT may then exceed a call),
+#   watched by later calls on the same machine with WATCH=SECONDS, which bring back what has
+#   finished (detach_or_watch in launch/h200_env.sh):
+#     ONLY=gla NEXT=6 T_LIMIT=1150 MPS=1 DETACH=1 bash launch/hybrid_study_h200.sh
+#     WATCH=540 bash launch/hybrid_study_h200.sh   # each later call, until it says it has ended
 # Resumable: finished cells are skipped, an interrupted cell resumes from its checkpoint, and
 # (JAX_COMPILATION_CACHE_DIR) compiled programs are reused while the machine stays up. With $OUT
 # set: the log, tables.md, claims.md and grid_results.tgz (every finished cell's result.json and
@@ -41,6 +46,18 @@ case "$GRID_DIR" in /*) ;; *) GRID_DIR="$PWD/$GRID_DIR" ;; esac
 mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
+
+pack_results() {   # into $OUT: what is finished so far
+  [ -n "${OUT:-}" ] || return 0
+  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
+    results.md control.json results.csv results.json ./*.png ./cells/*/result.json \
+    ./cells/*/cell.log ./cells/*/run/metrics.jsonl 2>/dev/null)
+  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive
+}
+finished() { echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"; }
+
+detach_or_watch "$GRID_DIR"
+case $? in 0) ;; 10) exit 0 ;; 11) pack_results; finished; exit 0 ;; *) exit 2 ;; esac
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 install_missing_wheels || exit 2
 if [ -n "${MPS:-}" ]; then start_mps "$GRID_DIR/mps" || exit 2; fi
@@ -49,15 +66,8 @@ run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experime
   --size "$SIZE" --out "$GRID_DIR" ${ONLY:+--only "$ONLY"} ${NEXT:+--next "$NEXT"} \
   --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
 stop_mps
-if [ -n "${OUT:-}" ]; then
-  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md results.md \
-    control.json \
-    results.csv results.json ./*.png ./cells/*/result.json ./cells/*/cell.log \
-    ./cells/*/run/metrics.jsonl 2>/dev/null)
-  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive
-fi
-finished=$(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)
-echo "cells finished: $finished"
+pack_results
+finished
 if [ "$rc" -eq 0 ]; then
   cat "$GRID_DIR/tables.md"; [ -z "${ONLY:-}${NEXT:-}" ] && echo "grid complete"
 else

@@ -48,6 +48,10 @@
 #   CORPUS_ARGS [] flags for the corpus stage (e.g. "--shards 24" if sampling is slow: give them on
 #     every call, since cells trained on another shard count are another budget)
 #   GRID_ARGS [] more grid flags (e.g. "--next 2": the cells one session's calls can finish)
+#   DETACH [unset] 1: the call runs on after the device call returns (T_LIMIT may then exceed a
+#     call: the corpus wants about 1,150 s of one machine), watched by later calls on the same
+#     machine with WATCH=SECONDS and the same STAGE, which bring back what there is so far
+#     (detach_or_watch in launch/h200_env.sh)
 # With $OUT set: the logs, tables.md, claims.md, results.json, needle_curve.png and
 # grid_results.tgz (every cell's result.json, needle_curve.json, log and metrics, the control, the
 # tables and plots: no checkpoints, no corpus; give it back as RESULTS_IN on a fresh machine).
@@ -64,6 +68,26 @@ left() { echo $(( T_LIMIT - ($(date +%s) - start) )); }
 mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
+
+pack_results() {   # into $OUT: the corpus's pieces (STAGE=corpus), the finished cells, the control
+  [ -n "${OUT:-}" ] || return 0
+  if [ "$STAGE" = corpus ] && [ -d "$GRID_DIR/corpus" ]; then
+    # complete or not: a fresh machine given the pieces (CORPUS_IN) samples only what is missing
+    (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
+    ls -l "$OUT"/corpus.tar.xz.part_*
+  fi
+  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
+    results.md results.csv results.json control.json ./*.png \
+    ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
+    ./cells/*/run/metrics.jsonl 2>/dev/null)
+  if [ "$STAGE" = all ]; then   # $OUT brings back 8 files at most: the corpus's pieces first
+    cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
+      "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
+  fi
+}
+
+detach_or_watch "$GRID_DIR"
+case $? in 0) ;; 10) exit 0 ;; 11) pack_results; exit 0 ;; *) exit 2 ;; esac
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 if [ -n "${CORPUS_IN:-}" ]; then
   pieces=("$CORPUS_IN"/corpus.tar.xz.part_*)
@@ -117,11 +141,6 @@ if [ "$STAGE" = corpus ]; then
   else
     echo "corpus complete"
   fi
-  if [ -n "${OUT:-}" ] && [ -d "$GRID_DIR/corpus" ]; then
-    # complete or not: a fresh machine given the pieces (CORPUS_IN) samples only what is missing
-    (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
-    ls -l "$OUT"/corpus.tar.xz.part_*
-  fi
 elif corpus_complete && [ "$(left)" -gt 60 ]; then
   # shellcheck disable=SC2086  # GRID_ARGS is a list of flags
   run_limited "$GRID_DIR/grid.log" "$(left)" python3 -m lineax_lm.experiments.grid --size "$SIZE" \
@@ -132,16 +151,7 @@ elif corpus_complete; then
 else
   not_complete
 fi
-if [ -n "${OUT:-}" ]; then
-  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
-    results.md results.csv results.json control.json ./*.png \
-    ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
-    ./cells/*/run/metrics.jsonl 2>/dev/null)
-  if [ "$STAGE" = all ]; then   # $OUT brings back 8 files at most: the corpus's pieces first
-    cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
-      "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
-  fi
-fi
+pack_results
 echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
 if [ -n "${trained:-}" ] && [ "$rc" -eq 0 ]; then
   cat "$GRID_DIR/tables.md"

@@ -179,6 +179,29 @@ def test_h200_env_starts_and_quits_an_mps_daemon_of_its_own(tmp_path):
   assert "MPS: nvidia-cuda-mps-control is not on PATH" in out.stdout and "rc=2" in out.stdout
 
 
+def test_h200_env_detaches_a_run_and_watches_it(tmp_path):
+  # DETACH=1 starts the script again in its own session and returns before it ends; WATCH waits
+  # for it, shows its log and leaves the packing to the script; WATCH with no run says so.
+  env_sh = os.path.join(ROOT, "launch", "h200_env.sh")
+  script = tmp_path / "job.sh"
+  script.write_text(f"source {env_sh}\ndetach_or_watch {tmp_path}\n"
+                    "case $? in 0) ;; 10) exit 0 ;; 11) echo packed; exit 0 ;; *) exit 2 ;; esac\n"
+                    "sleep 2\necho ran with OUT=${OUT:-unset}\n")
+
+  def job(**env):
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OUT": "o", **env})
+
+  none = job(WATCH="5")
+  assert none.returncode == 2 and f"WATCH: no detached run in {tmp_path}" in none.stdout
+  started = job(DETACH="1")
+  assert started.returncode == 0 and "detached: pid" in started.stdout, started.stdout + started.stderr
+  assert "ran with" not in (tmp_path / "detached.log").read_text()
+  watched = job(WATCH="30")
+  assert watched.returncode == 0, watched.stdout + watched.stderr
+  assert watched.stdout.splitlines() == ["ran with OUT=unset", "the detached run has ended", "packed"]
+
+
 def test_medium_pilot_brings_its_corpus_back_and_takes_it_in(tmp_path):
   """STAGE=corpus samples the corpus (the `tiny` size's, from the random tiny teacher) and brings it
   back as pieces; a fresh GRID_DIR given them as CORPUS_IN has the same corpus, complete, with no
