@@ -158,7 +158,9 @@ detach_or_watch() {
   fi
   [ -n "${WATCH:-}" ] || return 0
   pid=$(cat "$pidfile" 2>/dev/null)
-  if [ -z "$pid" ]; then echo "WATCH: no detached run in $dir (start one with DETACH=1)"; return 2; fi
+  if [ -z "$pid" ]; then
+    echo "WATCH: no detached run in $dir (start one with DETACH=1)"; return 2
+  fi
   start=$(date +%s)
   while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - start )) -lt "$WATCH" ]; do sleep 5; done
   tail -n 40 "$log"

@@ -54,7 +54,9 @@ pack_results() {   # into $OUT: what is finished so far
     ./cells/*/cell.log ./cells/*/run/metrics.jsonl 2>/dev/null)
   cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive
 }
-finished() { echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"; }
+finished() {
+  echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
+}
 
 detach_or_watch "$GRID_DIR"
 case $? in 0) ;; 10) exit 0 ;; 11) pack_results; finished; exit 0 ;; *) exit 2 ;; esac

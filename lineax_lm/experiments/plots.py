@@ -46,9 +46,9 @@ def write_plots(results: list[dict], out: str) -> None:
   for key, label, name in SHARE_PLOTS:
     rows = share_points(results, key, label)
     if rows:
+      title = f"{label} vs share of attention layers\n(mean over seeds, 95% interval)"
       report.line_plot(rows, x=SHARE, y=label, group="mixer", path=os.path.join(out, name),
-                       title=f"{label} vs share of attention layers\n(mean over seeds, 95% interval)",
-                       err=INTERVAL)
+                       title=title, err=INTERVAL)
   plt = report._pyplot()
   write_quality_vs_flops(results, out, plt)
   write_training_curves(results, out, plt)

@@ -189,17 +189,20 @@ def test_h200_env_detaches_a_run_and_watches_it(tmp_path):
                     "sleep 2\necho ran with OUT=${OUT:-unset}\n")
 
   def job(**env):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OUT": "o", **env}
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OUT": "o", **env})
+                          env=env)
 
   none = job(WATCH="5")
   assert none.returncode == 2 and f"WATCH: no detached run in {tmp_path}" in none.stdout
   started = job(DETACH="1")
-  assert started.returncode == 0 and "detached: pid" in started.stdout, started.stdout + started.stderr
+  assert started.returncode == 0, started.stdout + started.stderr
+  assert "detached: pid" in started.stdout
   assert "ran with" not in (tmp_path / "detached.log").read_text()
   watched = job(WATCH="30")
   assert watched.returncode == 0, watched.stdout + watched.stderr
-  assert watched.stdout.splitlines() == ["ran with OUT=unset", "the detached run has ended", "packed"]
+  assert watched.stdout.splitlines() == ["ran with OUT=unset", "the detached run has ended",
+                                         "packed"]
 
 
 def test_medium_pilot_brings_its_corpus_back_and_takes_it_in(tmp_path):
