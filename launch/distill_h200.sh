@@ -54,8 +54,7 @@ pack_results() {   # into $OUT: what is finished so far
   cp "$WORKDIR"/study.md "$WORKDIR"/claims.md "$WORKDIR"/curves.png "$OUT"/ 2>/dev/null
 }
 
-detach_or_watch "$WORKDIR"
-case $? in 0) ;; 10) exit 0 ;; 11) pack_results; exit 0 ;; *) exit 2 ;; esac
+detach_or_watch "$WORKDIR" pack_results
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$WORKDIR" || exit 2; fi
 install_missing_wheels || exit 2
 

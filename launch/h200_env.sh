@@ -11,7 +11,7 @@
 #   take_results IN DIR   earlier calls' results into a grid folder or a study's workdir (below)
 #   run_limited LOG SECONDS COMMAND...   COMMAND under a time limit (below)
 #   start_mps DIR / stop_mps   processes sharing the GPU through CUDA MPS (below)
-#   detach_or_watch DIR   DETACH=1 / WATCH=SECONDS: a run longer than one device call (below)
+#   detach_or_watch DIR PACK   DETACH=1 / WATCH=SECONDS: a run longer than one device call (below)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 LINEAX_MODULES="grain:grain array_record:array_record cloudpickle:cloudpickle portpicker:portpicker
   psutil:psutil ml_collections:ml_collections tensorboardX:tensorboardx gguf:gguf
@@ -135,18 +135,18 @@ stop_mps() {   # only the daemon start_mps started: one the caller's environment
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY mps_started
 }
 
-# detach_or_watch DIR: a run longer than one device call (a call lasts 10 minutes at most while its
-# machine stays up to 30), started by one call and looked at by the next ones; DIR is the script's
-# work folder, which must survive between calls:
+# detach_or_watch DIR PACK: a run longer than one device call (a call lasts 10 minutes at most while
+# its machine stays up to 30), started by one call and looked at by the next ones; DIR is the
+# script's work folder, which must survive between calls, PACK the script's command that brings
+# back what is finished ($OUT):
 #   DETACH=1 bash launch/SCRIPT.sh   runs the script again with the same environment in a process
 #     session of its own (setsid: it outlives the call), OUT unset, its output in DIR/detached.log,
-#     and returns at once
+#     and exits at once
 #   WATCH=SECONDS bash launch/SCRIPT.sh   waits up to SECONDS for that run to end, prints the end of
-#     its log, and leaves the caller to pack into $OUT what is finished so far
-# Returns 0 where the script goes on as usual (neither set, or inside the detached run), 10 once the
-# run is started, 11 once it is watched, 2 (saying why) to a WATCH with no run to watch.
+#     its log, runs PACK and exits (2, saying why, with no run to watch)
+# Returns, for the script to go on as usual, where neither is set or inside the detached run.
 detach_or_watch() {
-  local dir=$1 pid start i
+  local dir=$1 pack=$2 pid start i
   local log=$dir/detached.log pidfile=$dir/detached.pid
   if [ -n "${DETACHED:-}" ]; then echo $$ > "$pidfile"; return 0; fi
   if [ -n "${DETACH:-}" ]; then
@@ -154,12 +154,12 @@ detach_or_watch() {
     DETACHED=1 DETACH='' WATCH='' OUT='' setsid nohup bash "$0" > "$log" 2>&1 < /dev/null &
     for i in $(seq 50); do [ -s "$pidfile" ] && break; sleep 0.2; done   # WATCH can follow at once
     echo "detached: pid $(cat "$pidfile" 2>/dev/null), log $log (WATCH=SECONDS to wait for it)"
-    return 10
+    exit 0
   fi
   [ -n "${WATCH:-}" ] || return 0
   pid=$(cat "$pidfile" 2>/dev/null)
   if [ -z "$pid" ]; then
-    echo "WATCH: no detached run in $dir (start one with DETACH=1)"; return 2
+    echo "WATCH: no detached run in $dir (start one with DETACH=1)"; exit 2
   fi
   start=$(date +%s)
   while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - start )) -lt "$WATCH" ]; do sleep 5; done
@@ -169,5 +169,6 @@ detach_or_watch() {
   else
     echo "the detached run has ended"
   fi
-  return 11
+  "$pack"
+  exit 0
 }

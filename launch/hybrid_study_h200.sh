@@ -47,19 +47,17 @@ mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
 
-pack_results() {   # into $OUT: what is finished so far
-  [ -n "${OUT:-}" ] || return 0
-  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
-    results.md control.json results.csv results.json ./*.png ./cells/*/result.json \
-    ./cells/*/cell.log ./cells/*/run/metrics.jsonl 2>/dev/null)
-  cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # the plots are in the archive
-}
-finished() {
+pack_results() {   # into $OUT: what is finished so far; prints how many cells that is
+  if [ -n "${OUT:-}" ]; then
+    (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
+      results.md control.json results.csv results.json ./*.png ./cells/*/result.json \
+      ./cells/*/cell.log ./cells/*/run/metrics.jsonl 2>/dev/null)
+    cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$OUT"/ 2>/dev/null  # plots: in the archive
+  fi
   echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
 }
 
-detach_or_watch "$GRID_DIR"
-case $? in 0) ;; 10) exit 0 ;; 11) pack_results; finished; exit 0 ;; *) exit 2 ;; esac
+detach_or_watch "$GRID_DIR" pack_results
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 install_missing_wheels || exit 2
 if [ -n "${MPS:-}" ]; then start_mps "$GRID_DIR/mps" || exit 2; fi
@@ -69,7 +67,6 @@ run_limited "$GRID_DIR/grid.log" "${T_LIMIT:-540}" python3 -m lineax_lm.experime
   --parallel "${PARALLEL:-4}" ${GRID_ARGS:-}
 stop_mps
 pack_results
-finished
 if [ "$rc" -eq 0 ]; then
   cat "$GRID_DIR/tables.md"; [ -z "${ONLY:-}${NEXT:-}" ] && echo "grid complete"
 else

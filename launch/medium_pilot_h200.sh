@@ -69,25 +69,28 @@ mkdir -p "$GRID_DIR"
 export JAX_COMPILATION_CACHE_DIR="$GRID_DIR/jax_cache"
 source "$(dirname "$0")/h200_env.sh"
 
-pack_results() {   # into $OUT: the corpus's pieces (STAGE=corpus), the finished cells, the control
-  [ -n "${OUT:-}" ] || return 0
-  if [ "$STAGE" = corpus ] && [ -d "$GRID_DIR/corpus" ]; then
-    # complete or not: a fresh machine given the pieces (CORPUS_IN) samples only what is missing
-    (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
-    ls -l "$OUT"/corpus.tar.xz.part_*
+# into $OUT: the corpus's pieces (STAGE=corpus), the finished cells, the control; prints how many
+# cells have finished
+pack_results() {
+  if [ -n "${OUT:-}" ]; then
+    if [ "$STAGE" = corpus ] && [ -d "$GRID_DIR/corpus" ]; then
+      # complete or not: a fresh machine given the pieces (CORPUS_IN) samples only what is missing
+      (cd "$GRID_DIR" && tar cJf - corpus) | split -b 15M -d - "$OUT/corpus.tar.xz.part_"
+      ls -l "$OUT"/corpus.tar.xz.part_*
+    fi
+    (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
+      results.md results.csv results.json control.json ./*.png \
+      ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
+      ./cells/*/run/metrics.jsonl 2>/dev/null)
+    if [ "$STAGE" = all ]; then   # $OUT brings back 8 files at most: the corpus's pieces first
+      cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
+        "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
+    fi
   fi
-  (cd "$GRID_DIR" && tar czf "$OUT/grid_results.tgz" --ignore-failed-read tables.md claims.md \
-    results.md results.csv results.json control.json ./*.png \
-    ./cells/*/result.json ./cells/*/needle_curve.json ./cells/*/cell.log \
-    ./cells/*/run/metrics.jsonl 2>/dev/null)
-  if [ "$STAGE" = all ]; then   # $OUT brings back 8 files at most: the corpus's pieces first
-    cp "$GRID_DIR"/tables.md "$GRID_DIR"/claims.md "$GRID_DIR"/results.json \
-      "$GRID_DIR"/needle_curve.png "$OUT"/ 2>/dev/null
-  fi
+  echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
 }
 
-detach_or_watch "$GRID_DIR"
-case $? in 0) ;; 10) exit 0 ;; 11) pack_results; exit 0 ;; *) exit 2 ;; esac
+detach_or_watch "$GRID_DIR" pack_results
 if [ -n "${RESULTS_IN:-}" ]; then take_results "$RESULTS_IN" "$GRID_DIR" || exit 2; fi
 if [ -n "${CORPUS_IN:-}" ]; then
   pieces=("$CORPUS_IN"/corpus.tar.xz.part_*)
@@ -152,7 +155,6 @@ else
   not_complete
 fi
 pack_results
-echo "cells finished: $(find "$GRID_DIR/cells" -name result.json 2>/dev/null | wc -l)"
 if [ -n "${trained:-}" ] && [ "$rc" -eq 0 ]; then
   cat "$GRID_DIR/tables.md"
   sed -n '/## The slice gate/,$p' "$GRID_DIR/claims.md"

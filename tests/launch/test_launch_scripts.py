@@ -180,12 +180,11 @@ def test_h200_env_starts_and_quits_an_mps_daemon_of_its_own(tmp_path):
 
 
 def test_h200_env_detaches_a_run_and_watches_it(tmp_path):
-  # DETACH=1 starts the script again in its own session and returns before it ends; WATCH waits
-  # for it, shows its log and leaves the packing to the script; WATCH with no run says so.
+  # DETACH=1 starts the script again in its own session and exits before it ends; WATCH waits
+  # for it, shows its log and runs the script's packing command; WATCH with no run says so.
   env_sh = os.path.join(ROOT, "launch", "h200_env.sh")
   script = tmp_path / "job.sh"
-  script.write_text(f"source {env_sh}\ndetach_or_watch {tmp_path}\n"
-                    "case $? in 0) ;; 10) exit 0 ;; 11) echo packed; exit 0 ;; *) exit 2 ;; esac\n"
+  script.write_text(f"source {env_sh}\npack() {{ echo packed; }}\ndetach_or_watch {tmp_path} pack\n"
                     "sleep 2\necho ran with OUT=${OUT:-unset}\n")
 
   def job(**env):
